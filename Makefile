@@ -1,0 +1,53 @@
+# Lakecast: two commands on a fresh clone.
+#   make demo   runs the main job on the embedded default (local Spark, var/lake, SQLite Dagster)
+#   make test   runs the test suite (and ruff)
+# Both bootstrap the environment (venv, pinned deps, Delta JARs) on first use, idempotently.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+DEPS   := $(VENV)/.lakecast-deps
+JARS   := var/jars/.complete
+
+export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
+
+.PHONY: setup demo test lint ui bench clean clean-lake lock
+
+setup: $(DEPS) $(JARS)
+
+$(DEPS): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Lakecast needs Python >= 3.11, found " + sys.version' 
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "==> installing pinned Python dependencies into $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@touch $@
+
+$(JARS): deploy/maven/pom.xml $(DEPS)
+	@$(PY) -m lakecast.jars
+
+demo: setup
+	@$(PY) -m jobs.demo
+
+test: setup
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/pytest -q
+
+lint: $(DEPS)
+	@$(VENV)/bin/ruff check .
+
+ui: setup
+	@mkdir -p "$(DAGSTER_HOME)"
+	@$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
+
+bench: setup
+	@$(PY) -m benchmarks.run
+
+lock: $(DEPS)
+	@{ head -2 constraints.txt; $(PY) -m pip freeze --exclude-editable; } > constraints.txt.new && mv constraints.txt.new constraints.txt
+
+clean-lake:
+	rm -rf var/lake var/checkpoints var/warehouse var/dagster_home
+
+clean: clean-lake
+	rm -rf $(VENV) var

@@ -1,0 +1,132 @@
+"""One place for Lakecast's configuration: lake paths, Dagster home, Spark settings.
+
+Every setting has an embedded default inside the project (git-ignored ``var/``)
+and an environment override:
+
+==========================  =====================================  ==========================
+setting                     environment variable                   default
+==========================  =====================================  ==========================
+project root                ``LAKECAST_HOME``                      the checkout
+lake root (Delta tables)    ``LAKECAST_LAKE_ROOT``                 ``var/lake``
+checkpoint root             ``LAKECAST_CHECKPOINT_ROOT``           ``var/checkpoints``
+Dagster home                ``DAGSTER_HOME``                       ``var/dagster_home``
+Delta JAR folder            ``LAKECAST_JARS_DIR``                  ``var/jars``
+Spark master                ``LAKECAST_SPARK_MASTER``              ``local[*]``
+Spark conf file             ``LAKECAST_SPARK_CONF_FILE``           ``deploy/spark/spark-defaults.conf``
+extra Spark conf            ``LAKECAST_SPARK_CONF`` (``k=v;k=v``)  none
+==========================  =====================================  ==========================
+
+Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lakecast.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _is_uri(value: str) -> bool:
+    return "://" in value
+
+
+def _path_or_uri(value: str, base: Path) -> str:
+    if _is_uri(value):
+        return value.rstrip("/")
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def parse_conf_pairs(text: str) -> dict[str, str]:
+    """Parse ``k=v`` pairs separated by ``;`` or newlines (``LAKECAST_SPARK_CONF``)."""
+    out: dict[str, str] = {}
+    for raw in text.replace("\n", ";").split(";"):
+        item = raw.strip()
+        if not item or item.startswith("#"):
+            continue
+        if "=" not in item:
+            raise ConfigError(f"LAKECAST_SPARK_CONF entry {item!r} is not of the form key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def parse_spark_defaults(path: Path) -> dict[str, str]:
+    """Parse a ``spark-defaults.conf`` file (``key value`` or ``key=value`` per line)."""
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 1) if "=" not in line.split(None, 1)[0] else line.split("=", 1)
+        if len(parts) != 2:
+            raise ConfigError(f"{path}:{lineno}: expected 'key value', got {raw!r}")
+        out[parts[0].strip()] = parts[1].strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved Lakecast settings. Build with :func:`get_settings`."""
+
+    project_root: Path
+    lake_root: str
+    checkpoint_root: str
+    dagster_home: str
+    jars_dir: Path
+    spark_master: str | None
+    spark_conf_file: Path | None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def table_path(self, name: str) -> str:
+        """Path of the Delta table ``name`` in the lake."""
+        if not name or "/" in name or name.startswith("."):
+            raise ConfigError(f"invalid table name {name!r}")
+        return f"{self.lake_root}/{name}"
+
+    def checkpoint_path(self, name: str) -> str:
+        """Path of the checkpoint folder ``name`` (streaming offsets, snapshots)."""
+        return f"{self.checkpoint_root}/{name}"
+
+    def ensure_local_dirs(self) -> None:
+        """Create the local lake, checkpoint and Dagster folders (URIs are left alone)."""
+        for p in (self.lake_root, self.checkpoint_root, self.dagster_home):
+            if not _is_uri(p):
+                Path(p).mkdir(parents=True, exist_ok=True)
+        instance_yaml = Path(self.dagster_home) / "dagster.yaml"
+        template = self.project_root / "deploy" / "dagster" / "dagster.yaml"
+        if not instance_yaml.exists() and template.exists():
+            shutil.copyfile(template, instance_yaml)
+
+
+def get_settings(env: dict[str, str] | None = None) -> Settings:
+    """Resolve settings from the environment (``os.environ`` by default)."""
+    env = dict(os.environ if env is None else env)
+    root = Path(env.get("LAKECAST_HOME", str(PROJECT_ROOT))).resolve()
+    var = root / "var"
+    conf_file_env = env.get("LAKECAST_SPARK_CONF_FILE")
+    conf_file: Path | None
+    if conf_file_env:
+        conf_file = Path(conf_file_env).expanduser().resolve()
+        if not conf_file.is_file():
+            raise ConfigError(f"LAKECAST_SPARK_CONF_FILE={conf_file_env} does not exist")
+    else:
+        default = root / "deploy" / "spark" / "spark-defaults.conf"
+        conf_file = default if default.is_file() else None
+    return Settings(
+        project_root=root,
+        lake_root=_path_or_uri(env.get("LAKECAST_LAKE_ROOT", str(var / "lake")), root),
+        checkpoint_root=_path_or_uri(
+            env.get("LAKECAST_CHECKPOINT_ROOT", str(var / "checkpoints")), root
+        ),
+        dagster_home=_path_or_uri(env.get("DAGSTER_HOME", str(var / "dagster_home")), root),
+        jars_dir=Path(_path_or_uri(env.get("LAKECAST_JARS_DIR", str(var / "jars")), root)),
+        spark_master=env.get("LAKECAST_SPARK_MASTER") or None,
+        spark_conf_file=conf_file,
+        spark_conf=parse_conf_pairs(env.get("LAKECAST_SPARK_CONF", "")),
+    )

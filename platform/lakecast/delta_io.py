@@ -1,0 +1,233 @@
+"""The one Delta I/O layer: writes, MERGE upserts, versions, time travel, Change Data Feed.
+
+Version look-ups (:func:`latest_version`, :func:`commit_info`) read the Delta
+log directly — a directory listing and one small JSON file — so sensors can
+poll them cheaply without starting Spark. Paths may be local or Hadoop URIs;
+URIs need a Spark session for the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lakecast.errors import LakecastError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+
+
+class DeltaIOError(LakecastError):
+    """A Delta table is missing or cannot serve the request."""
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> Path:
+    return Path(path.removeprefix("file://"))
+
+
+def _log_names(path: str, spark: SparkSession | None) -> list[str]:
+    if not _is_uri(path):
+        log = _local(path) / "_delta_log"
+        return [p.name for p in log.iterdir()] if log.is_dir() else []
+    if spark is None:
+        raise DeltaIOError(f"listing the Delta log of {path} needs a Spark session")
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hpath):
+        return []
+    return [s.getPath().getName() for s in fs.listStatus(hpath)]
+
+
+def _read_log_file(path: str, name: str, spark: SparkSession | None) -> str:
+    if not _is_uri(path):
+        return (_local(path) / "_delta_log" / name).read_text()
+    assert spark is not None
+    return "\n".join(r.value for r in spark.read.text(f"{path}/_delta_log/{name}").collect())
+
+
+def table_exists(path: str, spark: SparkSession | None = None) -> bool:
+    """Whether ``path`` holds a Delta table (at least one commit)."""
+    return latest_version(path, spark) is not None
+
+
+def latest_version(path: str, spark: SparkSession | None = None) -> int | None:
+    """Newest committed version of the table at ``path``, or ``None`` if there is none."""
+    versions = [int(m.group(1)) for n in _log_names(path, spark) if (m := _COMMIT.match(n))]
+    return max(versions) if versions else None
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What one Delta commit says about itself."""
+
+    version: int
+    timestamp_ms: int
+    operation: str
+    metrics: dict[str, str]
+
+
+def commit_info(path: str, version: int, spark: SparkSession | None = None) -> CommitInfo:
+    """The commit's timestamp (in-commit timestamp when enabled), operation and metrics."""
+    try:
+        text = _read_log_file(path, f"{version:020d}.json", spark)
+    except FileNotFoundError as e:
+        raise DeltaIOError(f"{path} has no commit file for version {version}") from e
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            ci = action["commitInfo"]
+            ts = ci.get("inCommitTimestamp", ci.get("timestamp", 0))
+            metrics = {k: str(v) for k, v in (ci.get("operationMetrics") or {}).items()}
+            return CommitInfo(version, int(ts), str(ci.get("operation", "")), metrics)
+    raise DeltaIOError(f"{path} version {version} has no commitInfo action")
+
+
+def read(
+    spark: SparkSession, path: str, version: int | None = None, timestamp: str | None = None
+) -> DataFrame:
+    """Read the table, optionally as of a version or timestamp (time travel)."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    elif timestamp is not None:
+        reader = reader.option("timestampAsOf", timestamp)
+    return reader.load(path)
+
+
+def read_changes(
+    spark: SparkSession, path: str, start_version: int, end_version: int | None = None
+) -> DataFrame:
+    """The Change Data Feed between two versions (inclusive), with ``_change_type``,
+    ``_commit_version`` and ``_commit_timestamp`` columns."""
+    reader = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", start_version)
+    )
+    if end_version is not None:
+        reader = reader.option("endingVersion", end_version)
+    return reader.load(path)
+
+
+def write(
+    df: DataFrame,
+    path: str,
+    mode: str = "append",
+    partition_by: Sequence[str] = (),
+    txn: tuple[str, int] | None = None,
+    merge_schema: bool = False,
+) -> int:
+    """Write ``df`` to the table at ``path``; return the version now current.
+
+    ``txn=(app_id, txn_version)`` makes the write idempotent: Delta skips a
+    write whose ``txnVersion`` for ``app_id`` was already committed, so a
+    retried batch never writes twice.
+    """
+    writer = df.write.format("delta").mode(mode)
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    if txn is not None:
+        writer = writer.option("txnAppId", txn[0]).option("txnVersion", txn[1])
+    if merge_schema:
+        writer = writer.option("mergeSchema", "true")
+    writer.save(path)
+    version = latest_version(path, df.sparkSession)
+    assert version is not None
+    return version
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """Outcome of :func:`merge_upsert`."""
+
+    version: int
+    inserted: int
+    updated: int
+    deleted: int
+    created: bool = False
+
+    @property
+    def changed(self) -> int:
+        return self.inserted + self.updated + self.deleted
+
+
+def merge_upsert(
+    spark: SparkSession,
+    source: DataFrame,
+    path: str,
+    keys: Sequence[str],
+    *,
+    compare_columns: Sequence[str] | None = None,
+    delete_missing: bool = False,
+    partition_by: Sequence[str] = (),
+) -> MergeResult:
+    """Upsert ``source`` into the table at ``path`` by ``keys`` with Delta MERGE.
+
+    Only rows whose values differ (null-safe, over ``compare_columns`` — all
+    non-key columns by default) are updated, so a refresh that changes 1% of
+    rows commits 1% of rows and the Change Data Feed holds exactly those.
+    ``delete_missing`` deletes target rows absent from ``source``. Creates the
+    table (version 0) when it does not exist.
+    """
+    from delta.tables import DeltaTable
+
+    if not keys:
+        raise DeltaIOError("merge_upsert needs at least one key column")
+    current = latest_version(path, spark)
+    if current is None:
+        version = write(source, path, mode="overwrite", partition_by=partition_by)
+        n = source.sparkSession.read.format("delta").load(path).count()
+        return MergeResult(version, inserted=n, updated=0, deleted=0, created=True)
+    cols = [c for c in (compare_columns or source.columns) if c not in keys]
+    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    changed = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in cols) or "false"
+    merge = (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(source.alias("s"), on)
+        .whenMatchedUpdateAll(condition=changed)
+        .whenNotMatchedInsertAll()
+    )
+    if delete_missing:
+        merge = merge.whenNotMatchedBySourceDelete()
+    merge.execute()
+    version = latest_version(path, spark)
+    assert version is not None
+    if version == current:  # nothing committed
+        return MergeResult(version, 0, 0, 0)
+    m = commit_info(path, version, spark).metrics
+    return MergeResult(
+        version,
+        inserted=int(m.get("numTargetRowsInserted", 0)),
+        updated=int(m.get("numTargetRowsUpdated", 0)),
+        deleted=int(m.get("numTargetRowsDeleted", 0)),
+    )
+
+
+def history(spark: SparkSession, path: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The table's history, newest first, as plain dicts."""
+    from delta.tables import DeltaTable
+
+    dt = DeltaTable.forPath(spark, path)
+    df = dt.history(limit) if limit else dt.history()
+    return [r.asDict(recursive=True) for r in df.collect()]
+
+
+def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
+    """The table's properties (e.g. ``delta.enableChangeDataFeed``)."""
+    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0]
+    return dict(row["properties"] or {})
