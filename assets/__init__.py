@@ -1,0 +1,1 @@
+"""Lakecast's Dagster batch assets: raw data, dimensions, user segments."""

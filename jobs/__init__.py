@@ -1,0 +1,1 @@
+"""Lakecast's micro-batch jobs, sensors, schedules and the Definitions object."""

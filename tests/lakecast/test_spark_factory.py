@@ -1,0 +1,93 @@
+"""The Spark session factory: local JARs only, configuration overrides, clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from lakecast import jars
+from lakecast.config import PROJECT_ROOT, get_settings, parse_conf_pairs
+from lakecast.errors import ConfigError, SetupError
+from lakecast.spark import build_conf, delta_jar_location
+
+
+def test_stdlib_platform_is_not_shadowed():
+    out = subprocess.run(
+        [sys.executable, "-c", "import platform; print(platform.__file__)"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert Path(out).parent == Path(sysconfig.get_paths()["stdlib"])
+    assert not (PROJECT_ROOT / "platform" / "__init__.py").exists()
+
+
+def test_delta_classes_load_from_project_jar_folder(spark):
+    settings = get_settings()
+    location = delta_jar_location(spark)
+    assert location.startswith("file:")
+    assert Path(location.removeprefix("file:")).parent == settings.jars_dir
+    conf = dict(spark.sparkContext.getConf().getAll())
+    assert "spark.jars.packages" not in conf
+    assert all(Path(j).parent == settings.jars_dir for j in conf["spark.jars"].split(","))
+
+
+def test_session_defaults(spark):
+    import os
+
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.sparkContext.master.startswith("local")
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    # Python workers run this interpreter, with pyarrow importable
+    worker = spark.sparkContext.parallelize([0], 1).map(
+        lambda _: __import__("sys").executable + "|" + __import__("pyarrow").__version__
+    ).first()
+    assert worker.split("|")[0] == sys.executable
+
+
+def test_conf_precedence(tmp_path, monkeypatch):
+    conf_file = tmp_path / "spark.conf"
+    conf_file.write_text("spark.sql.shuffle.partitions 3\nspark.executor.cores=1\n")
+    monkeypatch.setenv("LAKECAST_SPARK_CONF_FILE", str(conf_file))
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", "spark.executor.cores=2;spark.foo=bar")
+    monkeypatch.setenv("LAKECAST_SPARK_MASTER", "spark://example:7077")
+    conf = build_conf(get_settings(), {"spark.foo": "baz"})
+    assert conf["spark.sql.shuffle.partitions"] == "3"  # file
+    assert conf["spark.executor.cores"] == "2"  # env beats file
+    assert conf["spark.foo"] == "baz"  # code beats env
+    assert conf["spark.master"] == "spark://example:7077"
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def test_packages_are_refused(monkeypatch):
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", "spark.jars.packages=io.delta:delta-spark_2.13:4.0.0")
+    with pytest.raises(ConfigError, match="local JARs"):
+        build_conf(get_settings())
+
+
+def test_bad_conf_entry():
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_conf_pairs("spark.a=1;nonsense")
+
+
+def test_missing_jars_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKECAST_JARS_DIR", str(tmp_path / "nojars"))
+    with pytest.raises(SetupError, match="make setup"):
+        build_conf(get_settings())
+
+
+def test_missing_java_names_the_fix(monkeypatch):
+    from lakecast.spark import check_java
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SetupError, match="openjdk-17"):
+        check_java()
+
+
+def test_artifact_names():
+    assert jars.artifact_name("jackson-core-2.13.5.jar") == "jackson-core"
+    assert jars.artifact_name("delta-spark_4.2_2.13-4.4.0.jar") == "delta-spark_4.2_2.13"
+    assert jars.artifact_name("zstd-jni-1.5.7-3.jar") == "zstd-jni"
