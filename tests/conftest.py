@@ -6,7 +6,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-
 from lakecast.config import Settings, get_settings
 
 

@@ -3,18 +3,14 @@
 Every setting has an embedded default inside the project (git-ignored ``var/``)
 and an environment override:
 
-==========================  =====================================  ==========================
-setting                     environment variable                   default
-==========================  =====================================  ==========================
-project root                ``LAKECAST_HOME``                      the checkout
-lake root (Delta tables)    ``LAKECAST_LAKE_ROOT``                 ``var/lake``
-checkpoint root             ``LAKECAST_CHECKPOINT_ROOT``           ``var/checkpoints``
-Dagster home                ``DAGSTER_HOME``                       ``var/dagster_home``
-Delta JAR folder            ``LAKECAST_JARS_DIR``                  ``var/jars``
-Spark master                ``LAKECAST_SPARK_MASTER``              ``local[*]``
-Spark conf file             ``LAKECAST_SPARK_CONF_FILE``           ``deploy/spark/spark-defaults.conf``
-extra Spark conf            ``LAKECAST_SPARK_CONF`` (``k=v;k=v``)  none
-==========================  =====================================  ==========================
+- project root: ``LAKECAST_HOME`` (default: the checkout)
+- lake root, every Delta table: ``LAKECAST_LAKE_ROOT`` (``var/lake``)
+- checkpoint root: ``LAKECAST_CHECKPOINT_ROOT`` (``var/checkpoints``)
+- Dagster home: ``DAGSTER_HOME`` (``var/dagster_home``)
+- Delta JAR folder: ``LAKECAST_JARS_DIR`` (``var/jars``)
+- Spark master: ``LAKECAST_SPARK_MASTER`` (``local[*]``)
+- Spark defaults file: ``LAKECAST_SPARK_CONF_FILE`` (``deploy/spark/spark-defaults.conf``)
+- extra Spark conf: ``LAKECAST_SPARK_CONF`` as ``k=v;k=v`` (none)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """

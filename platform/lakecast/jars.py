@@ -55,7 +55,9 @@ def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
         return sorted(jars_dir.glob("*.jar"))
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise SetupError("Maven (`mvn`) is needed once to fetch Delta's JARs: apt-get install maven")
+        raise SetupError(
+            "Maven (`mvn`) is needed once to fetch Delta's JARs: apt-get install -y maven"
+        )
     print(f"==> fetching Delta Lake JARs from Maven Central into {jars_dir}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [

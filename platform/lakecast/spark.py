@@ -80,7 +80,9 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
         "spark.driver.extraJavaOptions", ""
     ):
         opts = conf.get("spark.driver.extraJavaOptions", "")
-        conf["spark.driver.extraJavaOptions"] = f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
+        conf["spark.driver.extraJavaOptions"] = (
+            f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
+        )
     conf.setdefault("spark.sql.warehouse.dir", str(settings.project_root / "var" / "warehouse"))
     return conf
 

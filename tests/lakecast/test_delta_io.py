@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
-from pyspark.sql import functions as F
-
 from lakecast import delta_io
+from pyspark.sql import functions as F
 
 
 def _frame(spark, rows):

@@ -1,0 +1,29 @@
+"""The Definitions object loads, in-process and through the CLI from the repo root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dagster import Definitions
+from lakecast.config import PROJECT_ROOT
+
+
+def test_defs_validate_loadable():
+    from jobs.definitions import defs
+
+    Definitions.validate_loadable(defs)
+    assert {"pyspark", "lake"} <= set(defs.resources)
+
+
+def test_workspace_yaml_loads_defs_from_repo_root(tmp_path):
+    dagster = Path(sys.executable).parent / "dagster"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Validation successful for code location jobs.definitions" in proc.stderr + proc.stdout
