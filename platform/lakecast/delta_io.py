@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lakecast.errors import LakecastError
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 CDF_PROPERTY = "delta.enableChangeDataFeed"
+T = TypeVar("T")
 
 
 class DeltaIOError(LakecastError):
@@ -231,3 +232,44 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     """The table's properties (e.g. ``delta.enableChangeDataFeed``)."""
     row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0]
     return dict(row["properties"] or {})
+
+
+def replace_where(
+    df: DataFrame, path: str, predicate: str, partition_by: Sequence[str] = ()
+) -> int:
+    """Atomically replace the rows matching ``predicate`` with ``df`` (one commit).
+
+    Every row of ``df`` must satisfy ``predicate``. Running it again with the
+    same rows leaves the same table content, so a rerun never duplicates rows.
+    Creates the table when it does not exist. Returns the version now current.
+    """
+    if latest_version(path, df.sparkSession) is None:
+        return write(df, path, mode="overwrite", partition_by=partition_by)
+    writer = df.write.format("delta").mode("overwrite").option("replaceWhere", predicate)
+    writer.save(path)
+    version = latest_version(path, df.sparkSession)
+    assert version is not None
+    return version
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Delta optimistic-concurrency conflict (safe to retry)."""
+    text = f"{type(exc).__name__} {exc}"
+    return "Concurrent" in text or "DELTA_CONCURRENT" in text
+
+
+def retry_on_conflict(fn: Callable[[], T], attempts: int = 5, backoff_s: float = 0.5) -> T:
+    """Call ``fn``; when a concurrent Delta commit wins, call it again (up to ``attempts``).
+
+    ``fn`` must rebuild its input DataFrames, so a retry reads the new snapshot.
+    """
+    import time
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as e:
+            if attempt == attempts or not is_conflict(e):
+                raise
+            time.sleep(backoff_s * attempt)
+    raise AssertionError("unreachable")
