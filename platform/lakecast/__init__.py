@@ -5,6 +5,80 @@ The engine package is free of Dagster. Its parts:
 - :mod:`lakecast.config`      one place for lake paths and settings (env overrides)
 - :mod:`lakecast.spark`       the one Spark session factory (local Delta JARs)
 - :mod:`lakecast.delta_io`    the one Delta I/O layer (write, MERGE, versions, CDF)
+
+The broadcast state engine (see ``docs/engine.md``):
+
+- :mod:`lakecast.api`         MapStateDescriptor, OutputTag, BroadcastProcessFunction, contexts
+- :mod:`lakecast.state`       broadcast map states (dict / Arrow table), read-only views
+- :mod:`lakecast.source`      Delta versions -> ordered BroadcastElements (CDF or full)
+- :mod:`lakecast.executor`    the Spark-free core shared by harness and runtime
+- :mod:`lakecast.enrich`      declarative vectorized enrichment (Lookup, enrich)
+- :mod:`lakecast.runtime`     task-local state on Spark (BroadcastRuntime)
+- :mod:`lakecast.harness`     in-memory test harness
+- :mod:`lakecast.metrics`     task/run metrics and the state-size budget
 """
 
+from lakecast.api import (
+    HELD,
+    UNMATCHED,
+    BroadcastOrderError,
+    BroadcastProcessFunction,
+    Context,
+    MapStateDescriptor,
+    OutputTag,
+    ReadOnlyContext,
+    ReadOnlyStateError,
+    StateDeclarationError,
+)
+from lakecast.enrich import Enrichment, Lookup, enrich
+from lakecast.harness import BroadcastTestHarness
+from lakecast.metrics import (
+    DEFAULT_STATE_BUDGET_BYTES,
+    RunMetrics,
+    StateBudgetWarning,
+    TaskMetrics,
+)
+from lakecast.runtime import BroadcastResult, BroadcastRuntime, process_with_broadcast_state
+from lakecast.source import BroadcastElement, read_broadcast_elements
+from lakecast.state import (
+    BroadcastState,
+    DictMapState,
+    FrozenDict,
+    FrozenList,
+    ReadOnlyBroadcastState,
+    TableMapState,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_STATE_BUDGET_BYTES",
+    "HELD",
+    "UNMATCHED",
+    "BroadcastElement",
+    "BroadcastOrderError",
+    "BroadcastProcessFunction",
+    "BroadcastResult",
+    "BroadcastRuntime",
+    "BroadcastState",
+    "BroadcastTestHarness",
+    "Context",
+    "DictMapState",
+    "Enrichment",
+    "FrozenDict",
+    "FrozenList",
+    "Lookup",
+    "MapStateDescriptor",
+    "OutputTag",
+    "ReadOnlyBroadcastState",
+    "ReadOnlyContext",
+    "ReadOnlyStateError",
+    "RunMetrics",
+    "StateBudgetWarning",
+    "StateDeclarationError",
+    "TableMapState",
+    "TaskMetrics",
+    "enrich",
+    "process_with_broadcast_state",
+    "read_broadcast_elements",
+]

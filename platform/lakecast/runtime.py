@@ -1,0 +1,471 @@
+"""Task-local broadcast state on Spark.
+
+:class:`BroadcastRuntime` lives on the driver for the life of a Spark application
+(one per function). Each :meth:`BroadcastRuntime.process` call:
+
+1. **refreshes**: reads new Delta versions of the broadcast tables as ordered
+   :class:`~lakecast.source.BroadcastElement` s (CDF increments) and ships them as ONE
+   Spark broadcast variable per increment. The increments form a *chain*
+   ``base -> v1 -> v2 ...`` whose links are named by state versions (the vector of
+   applied Delta versions ``{table: version}``);
+2. runs the function over the events with ``mapInArrow``: no shuffle, no lookups
+   outside the task. Each task takes its function instance and state from a
+   module-level cache in the (reused) Python worker, keyed by the runtime's function
+   id; a worker already at version ``v`` applies only the links after ``v``, in order,
+   with ``process_broadcast_element``. A cold worker builds from the base (full tables
+   now; :meth:`BroadcastRuntime._base_elements` is the hook to restore a snapshot);
+3. returns a :class:`BroadcastResult`: one lazily evaluated DataFrame holding main
+   output, side outputs and held events (``_output`` tag column), split by its
+   ``main`` / ``side(tag)`` / ``held`` views, each row carrying ``_state_version``.
+
+The state version of a run is fixed on the driver before the job starts, so a
+recomputed or retried task computes the same result (write each output with
+``delta_io.write(..., txn=(app_id, batch_id))`` for exactly-once).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from lakecast.api import HELD, UNMATCHED, BroadcastProcessFunction, OutputTag
+from lakecast.executor import (
+    OUTPUT_COLUMN,
+    SIDE_PREFIX,
+    VERSION_COLUMN,
+    Executor,
+    OutputLayout,
+    version_json,
+)
+from lakecast.metrics import (
+    DEFAULT_STATE_BUDGET_BYTES,
+    RunMetrics,
+    StateBudgetWarning,
+    TaskMetrics,
+    check_budget,
+    latest_per_partition,
+)
+from lakecast.source import BroadcastElement, latest_versions, read_broadcast_elements
+from lakecast.state import CHANGE_TYPE
+
+if TYPE_CHECKING:
+    from pyspark import Accumulator
+    from pyspark.sql import DataFrame, SparkSession
+
+
+# ============================================================================ task side
+@dataclass(frozen=True)
+class ChainLink:
+    """One increment of broadcast elements; its elements travel in one Spark broadcast."""
+
+    to_key: str  # state version after the link (canonical JSON)
+    to_version: dict[str, int]
+    broadcast: Any  # pyspark Broadcast[list[BroadcastElement]] (or a list, in-process)
+    n_elements: int
+    n_rows: int
+    nbytes: int
+
+    def elements(self) -> list[BroadcastElement]:
+        b = self.broadcast
+        return b if isinstance(b, list) else b.value
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything a task needs; pickled into the ``mapInArrow`` closure."""
+
+    function_id: str
+    function: BroadcastProcessFunction
+    tables: tuple[str, ...]
+    chain: tuple[ChainLink, ...]  # base first
+    layout: OutputLayout
+    timestamp_column: str | None = None
+    watermark: int | None = None
+    accumulator: Any = None
+
+
+@dataclass
+class _Entry:
+    executor: Executor
+    key: str | None = None
+
+
+#: the worker-local cache: function id -> (function instance, state, version)
+_CACHE: OrderedDict[str, _Entry] = OrderedDict()
+MAX_CACHED_FUNCTIONS = 4
+
+
+def _acquire(plan: TaskPlan) -> tuple[Executor, str, int, int]:
+    """The task-local executor at the plan's target version: (executor, cache status,
+    elements applied, rows applied)."""
+    entry = _CACHE.get(plan.function_id)
+    keys = [link.to_key for link in plan.chain]
+    if entry is not None and entry.key in keys:
+        start, status = keys.index(entry.key) + 1, "warm"
+    else:
+        executor = Executor(plan.function, plan.tables)
+        entry, start, status = _Entry(executor), 0, "cold"
+    before_e, before_r = entry.executor.store.elements_applied, entry.executor.store.rows_applied
+    _CACHE.pop(plan.function_id, None)  # a failure below must not leave a half-applied state
+    for link in plan.chain[start:]:
+        entry.executor.apply_broadcast(link.elements())
+        entry.key = link.to_key
+    _CACHE[plan.function_id] = entry
+    while len(_CACHE) > MAX_CACHED_FUNCTIONS:
+        _CACHE.popitem(last=False)
+    ex = entry.executor
+    ex.timestamp_column, ex.watermark = plan.timestamp_column, plan.watermark
+    return (ex, status, ex.store.elements_applied - before_e, ex.store.rows_applied - before_r)
+
+
+def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The body of one Spark task: acquire the state, process every batch, report metrics."""
+    from pyspark import TaskContext
+
+    t0 = time.perf_counter()
+    ex, status, n_elements, n_rows = _acquire(plan)
+    apply_s = time.perf_counter() - t0
+    version = version_json(ex.store.versions)
+    expected = plan.chain[-1].to_key if plan.chain else version_json({})
+    if version != expected:
+        raise RuntimeError(f"task state is at {version}, the plan expects {expected}")
+    rows_in = rows_main = 0
+    sides: dict[str, int] = {}
+    t1 = time.perf_counter()
+    for batch in batches:
+        rows_in += batch.num_rows
+        collector = ex.process_batch(batch)
+        yield from plan.layout.encode(collector, version)
+        for item in collector.main:
+            rows_main += _count(item)
+        for name, items in collector.side.items():
+            sides[name] = sides.get(name, 0) + sum(_count(i) for i in items)
+    ctx = TaskContext.get()
+    metrics = TaskMetrics(
+        partition=ctx.partitionId() if ctx else -1,
+        pid=os.getpid(),
+        function_id=plan.function_id,
+        cache=status,
+        elements_applied=n_elements,
+        rows_applied=n_rows,
+        state_version=dict(ex.store.versions),
+        state_bytes=ex.store.nbytes(),
+        rows_in=rows_in,
+        rows_main=rows_main,
+        rows_side=sides,
+        apply_seconds=apply_s,
+        process_seconds=time.perf_counter() - t1,
+        attempt=ctx.attemptNumber() if ctx else 0,
+    )
+    if plan.accumulator is not None:
+        plan.accumulator.add([metrics.as_dict()])
+
+
+def _count(item: Any) -> int:
+    if isinstance(item, Mapping):
+        return 1
+    return int(getattr(item, "num_rows", None) or len(item))
+
+
+def cached_function_ids() -> list[str]:
+    """Function ids cached in this Python process (for tests/diagnostics)."""
+    return list(_CACHE)
+
+
+# ============================================================================ driver side
+def _list_param() -> Any:
+    from pyspark.accumulators import AccumulatorParam
+
+    class _ListParam(AccumulatorParam):
+        def zero(self, value: list[Any]) -> list[Any]:
+            return []
+
+        def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:
+            a.extend(b)
+            return a
+
+    return _ListParam()
+
+
+@dataclass
+class BroadcastResult:
+    """The one-pass output of a run. Views are lazy DataFrames over :attr:`frame`;
+    call :meth:`persist` before writing several of them so the job runs once."""
+
+    frame: DataFrame
+    layout: OutputLayout
+    state_version: dict[str, int]
+    new_elements: list[BroadcastElement]
+    accumulator: Accumulator | None
+    budget_bytes: int
+    refresh_seconds: float = 0.0
+    _persisted: bool = field(default=False, repr=False)
+
+    def _cols(self, names: list[str]) -> list[Any]:
+        from pyspark.sql import functions as F
+
+        cols = [F.col(f"`{n}`") for n in names]
+        if self.layout.lineage:
+            cols.append(F.col(VERSION_COLUMN))
+        return cols
+
+    @property
+    def main(self) -> DataFrame:
+        """Main output rows (with ``_state_version`` when lineage is on)."""
+        from pyspark.sql import functions as F
+
+        return self.frame.where(F.col(OUTPUT_COLUMN).isNull()).select(
+            *self._cols(self.layout.main.names)
+        )
+
+    def side(self, tag: OutputTag | str) -> DataFrame:
+        """Rows of side output ``tag``."""
+        from pyspark.sql import functions as F
+
+        name = tag if isinstance(tag, str) else tag.name
+        if name not in self.layout.sides:
+            raise KeyError(f"no side output {name!r}; this function has {list(self.layout.sides)}")
+        struct = f"{SIDE_PREFIX}{name}"
+        names = [f"{struct}.`{n}`" for n in self.layout.sides[name].names]
+        cols = [F.col(n).alias(n.split(".", 1)[1].strip("`")) for n in names]
+        if self.layout.lineage:
+            cols.append(F.col(VERSION_COLUMN))
+        return self.frame.where(F.col(OUTPUT_COLUMN) == F.lit(name)).select(*cols)
+
+    @property
+    def side_output_names(self) -> list[str]:
+        return list(self.layout.sides)
+
+    @property
+    def unmatched(self) -> DataFrame | None:
+        """Events whose broadcast state/key was missing (``None`` if impossible)."""
+        return self.side(UNMATCHED) if UNMATCHED.name in self.layout.sides else None
+
+    @property
+    def held(self) -> DataFrame | None:
+        """Events held back: union them into the next batch's events to retry them."""
+        return self.side(HELD) if HELD.name in self.layout.sides else None
+
+    def held_events(self) -> DataFrame | None:
+        """Held events with exactly the input event columns (ready to be retried)."""
+        h = self.held
+        return None if h is None else h.drop(VERSION_COLUMN)
+
+    def persist(self) -> BroadcastResult:
+        """Persist the one-pass frame so main and side outputs come from one computation."""
+        from pyspark import StorageLevel
+
+        self.frame = self.frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted = True
+        return self
+
+    def unpersist(self) -> None:
+        if self._persisted:
+            self.frame.unpersist()
+            self._persisted = False
+
+    def metrics(self) -> RunMetrics:
+        """Per-task and aggregate metrics (after an action ran); warns when over budget."""
+        tasks = latest_per_partition(self.accumulator.value if self.accumulator else [])
+        m = RunMetrics(
+            state_version=dict(self.state_version),
+            tasks=tasks,
+            budget_bytes=self.budget_bytes,
+            refresh_seconds=self.refresh_seconds,
+            new_elements=len(self.new_elements),
+            new_element_rows=sum(e.num_rows for e in self.new_elements),
+        )
+        if tasks:
+            check_budget(m.state_bytes_per_task, m.parallelism, m.budget_bytes)
+        return m
+
+
+class BroadcastRuntime:
+    """Runs one :class:`~lakecast.api.BroadcastProcessFunction` over event DataFrames
+    with task-local broadcast state built from Delta tables ``{name: path}``.
+
+    Keep one instance per Spark application and call :meth:`process` per micro-batch;
+    the state stays warm in the Python workers between calls.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        function: BroadcastProcessFunction,
+        tables: Mapping[str, str],
+        *,
+        lineage: bool = True,
+        timestamp_column: str | None = None,
+        state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,
+        max_chain: int = 64,
+        function_id: str | None = None,
+    ) -> None:
+        if not tables:
+            raise ValueError("BroadcastRuntime needs at least one broadcast table")
+        self.spark = spark
+        self.function = function
+        self.tables = dict(tables)
+        self.lineage = lineage
+        self.timestamp_column = timestamp_column
+        self.state_budget_bytes = state_budget_bytes
+        self.max_chain = max_chain
+        self.function_id = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
+        self.version: dict[str, int] = {}
+        self._chain: list[ChainLink] = []
+        self._schemas: dict[str, pa.Schema] = {}
+        self._base_bytes = 0
+
+    # -- the chain -------------------------------------------------------------------
+    @property
+    def chain(self) -> list[ChainLink]:
+        return list(self._chain)
+
+    @property
+    def estimated_state_bytes(self) -> int:
+        """Driver-side estimate of one state copy (Arrow size of base + increments)."""
+        return self._base_bytes + sum(link.nbytes for link in self._chain[1:])
+
+    def _base_elements(self, until: Mapping[str, int] | None) -> list[BroadcastElement]:
+        """Elements a cold task builds its state from: the full tables.
+
+        Hook: a later issue restores the state from a snapshot here instead.
+        """
+        return read_broadcast_elements(self.spark, self.tables, {}, until)
+
+    def _link(self, elements: list[BroadcastElement], version: dict[str, int]) -> ChainLink:
+        for e in elements:
+            schema = e.rows.schema
+            if CHANGE_TYPE in schema.names:
+                schema = schema.remove(schema.get_field_index(CHANGE_TYPE))
+            self._schemas[e.table] = schema
+        bc = self.spark.sparkContext.broadcast(elements)
+        return ChainLink(
+            version_json(version), dict(version), bc, len(elements),
+            sum(e.num_rows for e in elements), sum(e.nbytes for e in elements),
+        )
+
+    def refresh(self, until: Mapping[str, int] | None = None) -> list[BroadcastElement]:
+        """Read broadcast elements after the current state version (up to ``until`` or the
+        newest versions) and append them to the chain; returns the new elements."""
+        if not self._chain:
+            elements = self._base_elements(until)
+            self.version = {e.table: e.version for e in elements}
+            link = self._link(elements, self.version)
+            self._chain = [link]
+            self._base_bytes = link.nbytes
+            return elements
+        latest = latest_versions(self.tables, self.spark)
+        target = {t: v for t, v in latest.items() if v is not None}
+        if until:
+            target.update(until)
+        if all(self.version.get(t) == v for t, v in target.items()):
+            return []
+        elements = read_broadcast_elements(self.spark, self.tables, self.version, target)
+        if not elements:
+            return []
+        for e in elements:
+            self.version[e.table] = e.version
+        inc_rows = sum(link.n_rows for link in self._chain[1:]) + sum(e.num_rows for e in elements)
+        if len(self._chain) >= self.max_chain or inc_rows > 2 * max(self._chain[0].n_rows, 1):
+            self._rebase()
+        else:
+            self._chain.append(self._link(elements, self.version))
+        return elements
+
+    def _rebase(self) -> None:
+        """Replace the chain by a new base at the current version (cold tasks rebuild)."""
+        old = self._chain
+        elements = self._base_elements(self.version)
+        link = self._link(elements, self.version)
+        self._chain, self._base_bytes = [link], link.nbytes
+        for o in old:
+            if not isinstance(o.broadcast, list):
+                o.broadcast.unpersist()
+
+    # -- running ---------------------------------------------------------------------
+    def plan(self, input_schema: pa.Schema, watermark: int | None = None) -> TaskPlan:
+        """The task plan for the current chain (no Spark job)."""
+        self.function.bind_tables(self._schemas)
+        layout = OutputLayout.of(self.function, input_schema, self.lineage)
+        return TaskPlan(
+            function_id=self.function_id,
+            function=self.function,
+            tables=tuple(sorted(self.tables)),
+            chain=tuple(self._chain),
+            layout=layout,
+            timestamp_column=self.timestamp_column,
+            watermark=watermark,
+        )
+
+    def process(
+        self,
+        events: DataFrame,
+        *,
+        refresh: bool = True,
+        until: Mapping[str, int] | None = None,
+        watermark: int | None = None,
+    ) -> BroadcastResult:
+        """Run the function over ``events`` at the newest (or ``until``) state version.
+
+        Returns a lazy :class:`BroadcastResult`; nothing runs until an action.
+        """
+        from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+        t0 = time.perf_counter()
+        new = self.refresh(until) if refresh or not self._chain else []
+        refresh_s = time.perf_counter() - t0
+        tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
+        input_schema = to_arrow_schema(events.schema, timezone=tz)
+        plan = self.plan(input_schema, watermark)
+        acc = self.spark.sparkContext.accumulator([], _list_param())
+        plan = TaskPlan(**{**plan.__dict__, "accumulator": acc})
+        parallelism = events.rdd.getNumPartitions()
+        if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
+            warnings.warn(
+                f"estimated broadcast state {self.estimated_state_bytes / 1e6:.1f} MB x "
+                f"{parallelism} partitions exceeds the budget of "
+                f"{self.state_budget_bytes / 1e6:.1f} MB",
+                StateBudgetWarning,
+                stacklevel=2,
+            )
+        spark_schema = from_arrow_schema(plan.layout.schema, prefer_timestamp_ntz=False)
+        frame = events.mapInArrow(_task_function(plan), spark_schema)
+        return BroadcastResult(
+            frame, plan.layout, dict(self.version), new, acc, self.state_budget_bytes, refresh_s
+        )
+
+    def close(self) -> None:
+        """Release the broadcast variables of the chain."""
+        for link in self._chain:
+            if not isinstance(link.broadcast, list):
+                link.broadcast.unpersist()
+        self._chain = []
+
+
+ArrowMapFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def _task_function(plan: TaskPlan) -> ArrowMapFn:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return run_task(plan, batches)
+
+    return run
+
+
+def process_with_broadcast_state(
+    spark: SparkSession,
+    events: DataFrame,
+    function: BroadcastProcessFunction,
+    tables: Mapping[str, str],
+    **options: Any,
+) -> BroadcastResult:
+    """One-shot convenience: a fresh :class:`BroadcastRuntime` and one :meth:`process`."""
+    return BroadcastRuntime(spark, function, tables, **options).process(events)

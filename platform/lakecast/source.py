@@ -1,0 +1,210 @@
+"""The broadcast source: Delta table versions as an ordered stream of broadcast elements.
+
+Given broadcast tables ``{name: path}`` and the last applied version of each,
+:func:`read_broadcast_elements` returns one :class:`BroadcastElement` per new table
+version, built from the Change Data Feed (inserts, update post-images, deletes — so a
+version that touched 1% of the rows travels as 1% of the rows). When there is no
+previous version, or the CDF does not cover the range (enabled later, log cleaned, ...),
+it returns one ``full`` element with the table as of the newest version and says why.
+
+Order is total and deterministic: commit order within a table; across tables by commit
+timestamp, then table name (a table's timestamps are made non-decreasing first, so
+commit order always wins). All reads go through :mod:`lakecast.delta_io`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakecast import delta_io
+from lakecast.state import CHANGE_TYPE, split_changes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+ElementKind = Literal["changes", "full"]
+CHANGE_TYPES = ("insert", "update_postimage", "delete")
+
+
+@dataclass(frozen=True, eq=False)
+class BroadcastElement:
+    """One version of one broadcast table.
+
+    ``kind="changes"``: ``rows`` holds the version's changes with a ``_change_type``
+    column (``insert`` / ``update_postimage`` / ``delete``; pre-images are dropped).
+    ``kind="full"``: ``rows`` is the whole table as of ``version`` (no ``_change_type``
+    column) and ``reason`` says why a full element was sent.
+    """
+
+    table: str
+    version: int
+    commit_timestamp: int
+    kind: ElementKind
+    rows: pa.Table
+    reason: str = ""
+    operation: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes)
+
+    def upserts(self) -> pa.Table:
+        """Rows that are current after this version (inserts and update post-images)."""
+        return split_changes(self)[0]
+
+    def deletes(self) -> pa.Table:
+        """Rows deleted by this version."""
+        return split_changes(self)[1]
+
+    def order_key(self) -> tuple[int, str, int]:
+        return (self.commit_timestamp, self.table, self.version)
+
+    def __repr__(self) -> str:
+        why = f", reason={self.reason!r}" if self.reason else ""
+        return (
+            f"BroadcastElement({self.table}@v{self.version}, {self.kind}, "
+            f"{self.num_rows} rows, ts={self.commit_timestamp}{why})"
+        )
+
+    @classmethod
+    def of(
+        cls,
+        table: str,
+        version: int,
+        rows: pa.Table | pd.DataFrame | Sequence[Mapping[str, Any]],
+        *,
+        kind: ElementKind = "full",
+        change_type: str | Sequence[str] | None = None,
+        commit_timestamp: int | None = None,
+        reason: str = "",
+    ) -> BroadcastElement:
+        """Build an element by hand (tests, the harness). ``change_type`` fills the
+        ``_change_type`` column of a ``changes`` element (one value or one per row)."""
+        if isinstance(rows, pa.Table):
+            t = rows
+        elif hasattr(rows, "columns") and hasattr(rows, "dtypes"):
+            t = pa.Table.from_pandas(rows, preserve_index=False)
+        else:
+            t = pa.Table.from_pylist(list(rows))
+        if kind == "changes" and CHANGE_TYPE not in t.column_names:
+            ct = change_type or "insert"
+            values = [ct] * t.num_rows if isinstance(ct, str) else list(ct)
+            bad = set(values) - set(CHANGE_TYPES)
+            if bad:
+                raise ValueError(f"unknown change types {bad}; use one of {CHANGE_TYPES}")
+            t = t.append_column(CHANGE_TYPE, pa.array(values, pa.string()))
+        ts = version if commit_timestamp is None else commit_timestamp
+        reason = reason or ("built by hand" if kind == "full" else "")
+        return cls(table, version, ts, kind, t, reason)
+
+
+class CdfUnavailable(Exception):
+    """The Change Data Feed cannot serve a version range."""
+
+
+def order_elements(elements: Iterable[BroadcastElement]) -> list[BroadcastElement]:
+    """Total deterministic order: commit order within a table, then (timestamp, table)."""
+    by_table: dict[str, list[BroadcastElement]] = {}
+    for e in elements:
+        by_table.setdefault(e.table, []).append(e)
+    keyed: list[tuple[tuple[int, str, int], BroadcastElement]] = []
+    for table, items in by_table.items():
+        items.sort(key=lambda e: e.version)
+        ts = None
+        for e in items:  # a table's effective timestamps never go backwards
+            ts = e.commit_timestamp if ts is None else max(ts, e.commit_timestamp)
+            keyed.append(((ts, table, e.version), e))
+    keyed.sort(key=lambda kv: kv[0])
+    return [e for _, e in keyed]
+
+
+def _full(spark: SparkSession, name: str, path: str, version: int, reason: str) -> BroadcastElement:
+    info = delta_io.commit_info(path, version, spark)
+    rows = delta_io.read(spark, path, version=version).toArrow()
+    log.info("broadcast %s@v%d: full (%d rows): %s", name, version, rows.num_rows, reason)
+    return BroadcastElement(
+        name, version, info.timestamp_ms, "full", rows, reason=reason, operation=info.operation
+    )
+
+
+def _changes(
+    spark: SparkSession, name: str, path: str, start: int, end: int
+) -> list[BroadcastElement]:
+    try:
+        infos = [delta_io.commit_info(path, v, spark) for v in range(start, end + 1)]
+    except delta_io.DeltaIOError as e:
+        raise CdfUnavailable(f"log cleaned: {e}") from e
+    try:
+        frame = delta_io.read_changes(spark, path, start, end).where(
+            f"{CHANGE_TYPE} != 'update_preimage'"
+        )
+        rows = frame.drop("_commit_timestamp").toArrow()
+    except Exception as e:  # AnalysisException, Py4JJavaError, ...: the CDF cannot serve it
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CdfUnavailable(first[:500]) from e
+    versions = rows.column("_commit_version")
+    rows = rows.drop_columns(["_commit_version"])
+    out = []
+    for info in infos:
+        part = rows.filter(pc.equal(versions, info.version)) if len(infos) > 1 else rows
+        out.append(
+            BroadcastElement(
+                name, info.version, info.timestamp_ms, "changes", part, operation=info.operation
+            )
+        )
+    return out
+
+
+def read_broadcast_elements(
+    spark: SparkSession,
+    tables: Mapping[str, str],
+    since: Mapping[str, int | None],
+    until: Mapping[str, int] | None = None,
+) -> list[BroadcastElement]:
+    """The ordered broadcast elements of ``tables`` after the versions in ``since``.
+
+    ``since[name]`` is the last applied version (missing/``None``: nothing applied yet).
+    ``until[name]`` caps the version read (default: the newest). Tables that do not
+    exist yet are skipped.
+    """
+    elements: list[BroadcastElement] = []
+    for name in sorted(tables):
+        path = tables[name]
+        latest = (until or {}).get(name)
+        if latest is None:
+            latest = delta_io.latest_version(path, spark)
+        if latest is None:
+            continue
+        prev = since.get(name)
+        if prev is not None and prev >= latest:
+            continue
+        if prev is None:
+            elements.append(_full(spark, name, path, latest, "no previous version: initial load"))
+            continue
+        try:
+            elements.extend(_changes(spark, name, path, prev + 1, latest))
+        except CdfUnavailable as e:
+            reason = f"CDF does not cover versions {prev + 1}..{latest}: {e}"
+            elements.append(_full(spark, name, path, latest, reason))
+    return order_elements(elements)
+
+
+def latest_versions(
+    tables: Mapping[str, str], spark: SparkSession | None = None
+) -> dict[str, int | None]:
+    """Newest version of each broadcast table, read from the Delta logs (no Spark job)."""
+    return {name: delta_io.latest_version(path, spark) for name, path in tables.items()}
