@@ -69,6 +69,17 @@ class FrozenList(tuple):
         _frozen_error("list value")
 
     append = extend = insert = remove = pop = clear = sort = reverse = _ro
+
+    def __eq__(self, other: object) -> bool:  # equal to a list with the same items
+        if isinstance(other, list):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other,
+                                                                          strict=False))
+        return tuple.__eq__(self, other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _ro  # type: ignore[assignment]
 
 

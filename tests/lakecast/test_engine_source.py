@@ -1,0 +1,89 @@
+"""The broadcast source: Delta versions -> ordered broadcast elements (real Spark + Delta)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from lakecast import BroadcastTestHarness, Lookup, delta_io, enrich, read_broadcast_elements
+from lakecast.source import order_elements
+from pyspark.sql import functions as F
+
+
+def _users(spark, n, segment="REGULAR"):
+    return spark.range(n).select(
+        F.col("id").alias("user_id"), F.lit(segment).alias("segment"),
+        (F.col("id") * 1.5).alias("ltv"),
+    )
+
+
+def test_one_element_per_version_and_a_1pct_version_travels_as_1pct(spark, lake):
+    path = lake.table_path("dim_users")
+    delta_io.write(_users(spark, 2000), path, mode="overwrite")  # v0
+    (base,) = read_broadcast_elements(spark, {"dim_users": path}, {})
+    assert (base.kind, base.version, base.num_rows) == ("full", 0, 2000)
+    assert "no previous version" in base.reason
+
+    # v1: 1% of the rows change; v2: 5 deletes
+    changed = _users(spark, 2000).withColumn(
+        "segment", F.when(F.col("user_id") % 100 == 0, "VIP").otherwise(F.col("segment")))
+    delta_io.merge_upsert(spark, changed, path, keys=["user_id"])
+    delta_io.merge_upsert(spark, changed.where("user_id >= 5"), path, keys=["user_id"],
+                          delete_missing=True)
+    els = read_broadcast_elements(spark, {"dim_users": path}, {"dim_users": 0})
+    assert [(e.version, e.kind) for e in els] == [(1, "changes"), (2, "changes")]
+    assert els[0].num_rows == 20  # 1% of 2000: post-images only, no pre-images
+    assert set(els[0].rows.column("_change_type").to_pylist()) == {"update_postimage"}
+    assert els[0].num_rows / base.num_rows == 0.01
+    assert sorted(els[1].deletes().column("user_id").to_pylist()) == [0, 1, 2, 3, 4]
+    assert els[0].operation == "MERGE" and els[0].commit_timestamp <= els[1].commit_timestamp
+
+    # applied through the harness: same state as reading the table now
+    h = BroadcastTestHarness(enrich(Lookup("dim_users", key="user_id", columns=["segment"])))
+    h.process_broadcast_elements([base, *els])
+    now = delta_io.read(spark, path).toPandas()
+    state = h.state(h.function.lookups[0].descriptor)
+    assert {k: v["segment"] for k, v in state.items()} == dict(zip(now.user_id, now.segment,
+                                                                    strict=True))
+    assert h.state_version == {"dim_users": 2}
+    # nothing new: no elements
+    assert read_broadcast_elements(spark, {"dim_users": path}, {"dim_users": 2}) == []
+
+
+def test_cdf_not_covering_the_range_gives_a_full_element(spark, lake):
+    path = lake.table_path("late_cdf")
+    delta_io.write(_users(spark, 10), path, mode="overwrite")  # v0
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+              "(delta.enableChangeDataFeed = false)")  # v1
+    delta_io.write(_users(spark, 3, "NEW").withColumn("user_id", F.col("user_id") + 100),
+                   path)  # v2, no CDF recorded
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+              "(delta.enableChangeDataFeed = true)")  # v3
+    delta_io.write(_users(spark, 1, "VIP").withColumn("user_id", F.col("user_id") + 200),
+                   path)  # v4
+    (el,) = read_broadcast_elements(spark, {"t": path}, {"t": 0})
+    assert (el.kind, el.version, el.num_rows) == ("full", 4, 14)
+    assert "CDF does not cover versions 1..4" in el.reason
+    # from v3 on the CDF covers it: v4 travels as its one inserted row, v3 as an empty element
+    els = read_broadcast_elements(spark, {"t": path}, {"t": 2})
+    assert [(e.version, e.kind, e.num_rows) for e in els] == [(3, "changes", 0), (4, "changes", 1)]
+
+
+def test_order_across_tables_is_commit_timestamp_then_name(spark, lake):
+    a, b = lake.table_path("b_table"), lake.table_path("a_table")
+    delta_io.write(_users(spark, 2), a, mode="overwrite")
+    delta_io.write(_users(spark, 2), b, mode="overwrite")
+    delta_io.write(_users(spark, 1), a)
+    els = read_broadcast_elements(spark, {"b": a, "a": b}, {"a": None, "b": 0})
+    assert sorted((e.table, e.version) for e in els) == [("a", 0), ("b", 1)]
+    ts = [e.order_key() for e in els]
+    assert ts == sorted(ts)
+    # a table's own commit order wins over skewed clocks
+    skewed = [els[0].__class__(e.table, e.version, 10 - e.version, e.kind, e.rows) for e in els]
+    assert [e.version for e in order_elements(skewed) if e.table == "b"] == [1]
+
+
+def test_missing_table_is_skipped_until_it_exists(spark, lake):
+    path = lake.table_path("later")
+    assert read_broadcast_elements(spark, {"later": path}, {}) == []
+    delta_io.write(spark.createDataFrame(pd.DataFrame({"k": [1]})), path, mode="overwrite")
+    (el,) = read_broadcast_elements(spark, {"later": path}, {})
+    assert el.kind == "full"
