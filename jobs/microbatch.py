@@ -1,0 +1,165 @@
+"""``enrichment_microbatch``: enrich new events with the current broadcast state, exactly once.
+
+The job is a Dagster asset job over three assets — ``enriched_events`` and its
+side outputs ``enrichment_unmatched`` and ``enrichment_rejected`` — that depend
+on the events table and the broadcast tables, so lineage shows in the UI. Each
+run processes everything committed since the last batch (see
+:mod:`lakecast.pipeline`); ``broadcast_versions_sensor`` starts it.
+
+The same pipeline runs without Dagster: ``python -m jobs.microbatch [--max-batches N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    MaterializeResult,
+    MetadataValue,
+    define_asset_job,
+    multi_asset,
+)
+from lakecast.config import Settings, get_settings
+from lakecast.pipeline import BatchResult, MicroBatchPipeline, PipelineSpec
+from lakecast.runtime import BroadcastRuntime
+from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+
+from assets.resources import LakecastSparkResource, LakeResource
+from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ENRICHED_EVENTS = "enriched_events"
+ENRICHMENT_UNMATCHED = "enrichment_unmatched"
+ENRICHMENT_REJECTED = "enrichment_rejected"
+EXCLUSIVE_TAG = "lakecast/exclusive"
+
+ENRICHMENT = PipelineSpec(
+    name="enrichment",
+    events_table=EVENTS,
+    broadcast_tables=(DIM_PRODUCTS, USER_SEGMENTS, FEATURE_FLAGS),
+    output_table=ENRICHED_EVENTS,
+    side_outputs={"unmatched": ENRICHMENT_UNMATCHED},
+    rejected_table=ENRICHMENT_REJECTED,
+)
+
+
+def build_pipeline(spark: SparkSession, settings: Settings) -> MicroBatchPipeline:
+    """The enrichment pipeline over the lake of ``settings``."""
+    tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
+    runtime = BroadcastRuntime(
+        spark, StorefrontEnrichment(), tables, timestamp_column="event_ts",
+        function_id="storefront-enrichment",
+    )
+    return MicroBatchPipeline(
+        spark,
+        ENRICHMENT,
+        table_path=settings.table_path,
+        progress_path=settings.checkpoint_path(f"{ENRICHMENT.name}/progress"),
+        processor=lambda events, plan: runtime.process(events, until=plan.broadcast_versions),
+        validator=validate_events,
+    )
+
+
+def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
+    """Numeric totals of a run's batches (Dagster plots them over time)."""
+    total: dict[str, float | int | str] = {
+        "batches": len(results),
+        "events_in": sum(r.counts["events_in"] for r in results),
+        "enriched": sum(r.counts.get("enriched", 0) for r in results),
+        "unmatched": sum(r.counts.get("unmatched", 0) for r in results),
+        "rejected": sum(r.counts.get("rejected", 0) for r in results),
+        "broadcast_elements": sum(r.broadcast_elements for r in results),
+        "broadcast_rows": sum(r.broadcast_rows for r in results),
+        "broadcast_updates_applied": sum(r.updates_applied for r in results),
+        "batch_seconds_max": round(max((r.seconds for r in results), default=0.0), 3),
+    }
+    if results:
+        last = results[-1]
+        total["state_version"] = json.dumps(last.state_version, sort_keys=True)
+        total["state_bytes_per_task"] = last.state_bytes_per_task
+        total["parallelism"] = last.parallelism
+        total["last_batch_id"] = last.plan.batch_id
+        total["events_version"] = last.plan.events_end
+    return total
+
+
+_SPECS = [
+    AssetSpec(ENRICHED_EVENTS, deps=[EVENTS, DIM_PRODUCTS, USER_SEGMENTS], skippable=True,
+              group_name="microbatch", kinds={"spark", "delta"},
+              description="Events enriched with product, segment and feature-flag broadcast "
+                          "state; _state_version says which Delta versions enriched each row."),
+    AssetSpec(ENRICHMENT_UNMATCHED, deps=[EVENTS, DIM_PRODUCTS], skippable=True,
+              group_name="microbatch", kinds={"spark", "delta"},
+              description="Side output: valid events whose product is not in dim_products."),
+    AssetSpec(ENRICHMENT_REJECTED, deps=[EVENTS], skippable=True, group_name="microbatch",
+              kinds={"spark", "delta"},
+              description="Side output: malformed events, with the reason."),
+]  # fmt: skip
+
+
+@multi_asset(specs=_SPECS, name="enrichment_microbatch_assets", can_subset=False)
+def enrichment_microbatch_assets(
+    context: AssetExecutionContext, pyspark: LakecastSparkResource, lake: LakeResource
+) -> Iterator[MaterializeResult]:
+    """Run micro-batches until caught up with the events table."""
+    settings = lake.settings()
+    pipeline = build_pipeline(pyspark.spark_session, settings)
+
+    def log(r: BatchResult) -> None:
+        context.log.info(
+            f"batch {r.plan.batch_id}{' (redone)' if r.redone else ''}: events versions "
+            f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
+            f"counts {r.counts} in {r.seconds:.1f}s"
+        )
+
+    results = pipeline.run(on_batch=log)
+    if not results:
+        context.log.info("no new events since the last committed batch")
+        return
+    totals = summarize(results)
+    for key, count_key in (
+        (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
+        (ENRICHMENT_REJECTED, "rejected"),
+    ):  # fmt: skip
+        meta: dict[str, object] = {k: v for k, v in totals.items()}
+        meta["dagster/row_count"] = int(totals[count_key])
+        meta["state_version"] = MetadataValue.json(results[-1].state_version)
+        yield MaterializeResult(asset_key=key, metadata=meta)
+
+
+enrichment_microbatch = define_asset_job(
+    "enrichment_microbatch",
+    selection=[s.key for s in _SPECS],
+    tags={EXCLUSIVE_TAG: "enrichment_microbatch"},
+    description="Enrich new events with the current broadcast state, exactly once.",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the pipeline without Dagster (used by the failure tests and for debugging)."""
+    from lakecast.spark import get_spark
+
+    parser = argparse.ArgumentParser(prog="python -m jobs.microbatch", description=__doc__)
+    parser.add_argument("--max-batches", type=int, default=None)
+    args = parser.parse_args(argv)
+    settings = get_settings()
+    spark = get_spark(app_name="lakecast-microbatch")
+    pipeline = build_pipeline(spark, settings)
+    results = pipeline.run(
+        max_batches=args.max_batches,
+        on_batch=lambda r: print(f"batch {r.plan.batch_id}: {r.counts}", flush=True),
+    )
+    print(json.dumps(summarize(results), sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Exactly-once micro-batch pipeline: new events with broadcast state, into Delta.
+
+One call of :meth:`MicroBatchPipeline.run` processes everything that arrived
+since the last committed batch, as one or more batches:
+
+1. **plan**: the events table's new version range and the broadcast tables'
+   current versions (the state version) are logged first
+   (:class:`~lakecast.progress.ProgressLog`); a planned but uncommitted batch
+   from a crashed run is redone with exactly its plan;
+2. **read** the new events (the events table is append-only: the inserts of its
+   Change Data Feed in the range; the first batch reads the table as of
+   ``events_end``);
+3. **validate**: rows a validator marks with a ``_reason`` go to the rejected
+   side table with their reason and raw record — never dropped, never a crash;
+4. **process** the valid rows with the broadcast process function on Spark
+   (task-local state, see :mod:`lakecast.runtime`), in one pass that yields the
+   main output and every side output;
+5. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
+   = (pipeline:output, batch id), so a retry never writes twice;
+6. **commit** the counts; they must reconcile: events in = main + side outputs
+   + rejected, or the batch fails before committing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from lakecast import delta_io
+from lakecast.errors import LakecastError
+from lakecast.progress import BatchCommit, BatchPlan, ProgressLog
+from lakecast.runtime import BroadcastResult
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+REASON_COLUMN = "_reason"
+
+Processor = Callable[["DataFrame", BatchPlan], BroadcastResult]
+"""Runs the broadcast function over valid events at the plan's state version
+(e.g. ``BroadcastRuntime.process(events, until=plan.broadcast_versions)``)."""
+
+Validator = Callable[["DataFrame"], "DataFrame"]
+"""Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
+
+
+class ReconciliationError(LakecastError):
+    """A batch's output counts do not add up to its input count."""
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Tables of a pipeline. ``side_outputs`` maps side output name → Delta table name."""
+
+    name: str
+    events_table: str
+    broadcast_tables: tuple[str, ...]
+    output_table: str
+    side_outputs: Mapping[str, str] = field(default_factory=dict)
+    rejected_table: str | None = None
+    max_versions_per_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one batch did (for logs and Dagster metadata)."""
+
+    plan: BatchPlan
+    counts: dict[str, int]
+    seconds: float
+    redone: bool
+    state_version: dict[str, int] = field(default_factory=dict)
+    broadcast_elements: int = 0
+    broadcast_rows: int = 0
+    state_bytes_per_task: int = 0
+    parallelism: int = 0
+    updates_applied: int = 0
+
+    @property
+    def events_in(self) -> int:
+        return self.counts["events_in"]
+
+
+class MicroBatchPipeline:
+    """Plans, processes and commits micro-batches exactly once."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        spec: PipelineSpec,
+        table_path: Callable[[str], str],
+        progress_path: str,
+        processor: Processor,
+        validator: Validator | None = None,
+    ) -> None:
+        self.spark = spark
+        self.spec = spec
+        self.table_path = table_path
+        self.log = ProgressLog(spark, progress_path, spec.name)
+        self.processor = processor
+        self.validator = validator
+
+    # -- planning -------------------------------------------------------------
+
+    def current_versions(self) -> tuple[int | None, dict[str, int]]:
+        """Latest version of the events table and of each broadcast table that exists."""
+        events = delta_io.latest_version(self.table_path(self.spec.events_table), self.spark)
+        bvs = {}
+        for t in self.spec.broadcast_tables:
+            v = delta_io.latest_version(self.table_path(t), self.spark)
+            if v is not None:
+                bvs[t] = v
+        return events, bvs
+
+    def next_plan(self) -> tuple[BatchPlan | None, bool]:
+        """The batch to run next and whether it redoes a crashed one; ``None`` if idle."""
+        pending = self.log.pending()
+        if pending is not None:
+            return pending, True
+        last, _ = self.log.last_committed()
+        events_end, bvs = self.current_versions()
+        start = last.events_end if last else -1
+        if events_end is None or events_end <= start:
+            return None, False
+        if self.spec.max_versions_per_batch and start >= 0:
+            events_end = min(events_end, start + self.spec.max_versions_per_batch)
+        batch_id = last.batch_id + 1 if last else 0
+        return BatchPlan(batch_id, start, events_end, bvs), False
+
+    # -- one batch ------------------------------------------------------------
+
+    def read_events(self, plan: BatchPlan) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        path = self.table_path(self.spec.events_table)
+        if plan.events_start < 0:
+            return delta_io.read(self.spark, path, version=plan.events_end)
+        changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
+        return changes.filter(F.col("_change_type") == "insert").drop(
+            "_change_type", "_commit_version", "_commit_timestamp"
+        )
+
+    def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        t0 = time.perf_counter()
+        if not redone:
+            self.log.write_plan(plan)
+        events = self.read_events(plan).persist(StorageLevel.MEMORY_AND_DISK)
+        counts: dict[str, int] = {"events_in": events.count()}
+        try:
+            valid = events
+            if self.validator is not None:
+                checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
+                rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
+                valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+                counts["rejected"] = self._write_rejected(rejected, plan)
+            result = self.processor(valid, plan).persist()
+            try:
+                counts["enriched"] = self._write(result.main, self.spec.output_table, "main", plan)
+                unknown = set(result.side_output_names) - set(self.spec.side_outputs)
+                if unknown:
+                    raise ReconciliationError(
+                        f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
+                        f"configured: {sorted(self.spec.side_outputs)}"
+                    )
+                for side, table in self.spec.side_outputs.items():
+                    counts[side] = (
+                        self._write(result.side(side), table, side, plan)
+                        if side in result.side_output_names else 0
+                    )
+                metrics = result.metrics()
+            finally:
+                result.unpersist()
+        finally:
+            events.unpersist()
+        produced = sum(v for k, v in counts.items() if k != "events_in")
+        if produced != counts["events_in"]:
+            raise ReconciliationError(
+                f"batch {plan.batch_id}: events in = {counts['events_in']} but outputs add up "
+                f"to {produced} ({counts}); nothing was committed"
+            )
+        self.log.write_commit(BatchCommit(plan.batch_id, counts))
+        return BatchResult(
+            plan, counts, time.perf_counter() - t0, redone,
+            state_version=dict(result.state_version),
+            broadcast_elements=len(result.new_elements),
+            broadcast_rows=sum(e.num_rows for e in result.new_elements),
+            state_bytes_per_task=metrics.state_bytes_per_task,
+            parallelism=metrics.parallelism,
+            updates_applied=metrics.broadcast_updates_applied,
+        )
+
+    def _write(self, df: DataFrame, table: str, output: str, plan: BatchPlan) -> int:
+        n = df.count()
+        delta_io.write(
+            df, self.table_path(table), txn=(f"{self.spec.name}:{output}", plan.batch_id),
+            merge_schema=True,
+        )
+        return n
+
+    def _write_rejected(self, rejected: DataFrame, plan: BatchPlan) -> int:
+        from pyspark.sql import functions as F
+
+        if self.spec.rejected_table is None:
+            n = rejected.count()
+            if n:
+                raise ReconciliationError(
+                    f"{n} invalid events and no rejected table configured for {self.spec.name}"
+                )
+            return 0
+        rows = rejected.select(
+            F.col(REASON_COLUMN).alias("reason"),
+            F.to_json(F.struct(*[c for c in rejected.columns if c != REASON_COLUMN])).alias(
+                "raw_record"
+            ),
+            F.lit(plan.batch_id).alias("batch_id"),
+        )
+        return self._write(rows, self.spec.rejected_table, "rejected", plan)
+
+    # -- driver ---------------------------------------------------------------
+
+    def run(self, max_batches: int | None = None,
+            on_batch: Callable[[BatchResult], None] | None = None) -> list[BatchResult]:
+        """Run batches until caught up (or ``max_batches``); return what each did."""
+        results: list[BatchResult] = []
+        while max_batches is None or len(results) < max_batches:
+            plan, redone = self.next_plan()
+            if plan is None:
+                break
+            result = self.run_batch(plan, redone)
+            results.append(result)
+            if on_batch is not None:
+                on_batch(result)
+        return results
