@@ -167,11 +167,17 @@ def classify_events(raw: DataFrame, dim_users: DataFrame, dim_products: DataFram
 
 
 def quarantine_frame(
-    classified: DataFrame, source_table: str, asset: str, partition_col: Column, run_id: str,
+    classified: DataFrame, source_table: str, asset: str, partition_col: Column | None, run_id: str,
     quarantined_at: datetime,
 ) -> DataFrame:  # fmt: skip
-    """Rejected rows of ``classified`` in the quarantine table's schema."""
+    """Rejected rows of ``classified`` in the quarantine table's schema.
+
+    ``partition_col`` gives each row's ``partition_key`` (None: null, unpartitioned asset).
+    """
     from pyspark.sql import functions as F
+
+    if partition_col is None:
+        partition_col = F.lit(None)
 
     return classified.filter(F.col("_reason").isNotNull()).select(
         F.lit(source_table).alias("source_table"),

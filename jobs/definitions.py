@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import (
+    AssetSelection,
+    Definitions,
+    build_schedule_from_partitioned_job,
+    define_asset_job,
+)
+from lakecast.tables import USER_SEGMENTS
 
+from assets import BATCH_ASSETS, BATCH_CHECKS, DAILY_PARTITIONS
 from assets.resources import LakecastSparkResource, LakeResource
 
+daily_segment_refresh_job = define_asset_job(
+    "daily_segment_refresh_job",
+    selection=AssetSelection.assets(USER_SEGMENTS),
+    partitions_def=DAILY_PARTITIONS,
+    description="Segment users for one day (or a range, in one run) and run its checks.",
+)
+
+daily_segment_refresh = build_schedule_from_partitioned_job(
+    daily_segment_refresh_job,
+    name="daily_segment_refresh",
+    hour_of_day=1,
+    minute_of_hour=0,
+    description="Every day at 01:00 UTC, segment users for the day that just ended.",
+)
+
 defs = Definitions(
-    assets=[],
+    assets=BATCH_ASSETS,
+    asset_checks=BATCH_CHECKS,
+    jobs=[daily_segment_refresh_job],
+    schedules=[daily_segment_refresh],
     resources={
         "pyspark": LakecastSparkResource(),
         "lake": LakeResource(),

@@ -1,0 +1,83 @@
+"""Helpers shared by the batch assets: table metadata and the quarantine table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from dagster import MetadataValue, TableColumn, TableSchema
+from lakecast import delta_io
+from lakecast.config import Settings
+from lakecast.tables import QUARANTINE
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+QUARANTINE_PARTITION_BY = ("asset",)
+
+
+def table_schema(schema: StructType) -> TableSchema:
+    """A Dagster ``TableSchema`` from a Spark schema."""
+    return TableSchema(
+        columns=[
+            TableColumn(name=f.name, type=f.dataType.simpleString(), description=None)
+            for f in schema.fields
+        ]
+    )
+
+
+def table_metadata(
+    spark: SparkSession, settings: Settings, name: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Standard materialization metadata of the Delta table ``name``."""
+    path = settings.table_path(name)
+    df = delta_io.read(spark, path)
+    return {
+        "dagster/row_count": df.count(),
+        "dagster/column_schema": table_schema(df.schema),
+        "dagster/uri": MetadataValue.path(path),
+        "delta_version": delta_io.latest_version(path, spark),
+        **(extra or {}),
+    }
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def quarantine_predicate(asset: str, partitions: list[str] | None) -> str:
+    """The quarantine rows owned by ``asset`` for ``partitions`` (None: unpartitioned)."""
+    if partitions is None:
+        return f"asset = {_sql_str(asset)} AND partition_key IS NULL"
+    keys = ", ".join(_sql_str(p) for p in partitions)
+    return f"asset = {_sql_str(asset)} AND partition_key IN ({keys})"
+
+
+def write_quarantine(
+    spark: SparkSession,
+    settings: Settings,
+    rows: DataFrame,
+    asset: str,
+    partitions: list[str] | None,
+) -> int:
+    """Replace the quarantine rows of ``asset`` for ``partitions`` with ``rows``.
+
+    One atomic ``replaceWhere`` commit, so a rerun replaces instead of duplicating.
+    Returns the quarantine table's version.
+    """
+    path = settings.table_path(QUARANTINE)
+    predicate = quarantine_predicate(asset, partitions)
+    return delta_io.retry_on_conflict(
+        lambda: delta_io.replace_where(rows, path, predicate, partition_by=QUARANTINE_PARTITION_BY)
+    )
+
+
+def quarantine_count(
+    spark: SparkSession, settings: Settings, asset: str, partitions: list[str] | None
+) -> int:
+    """How many quarantine rows ``asset`` owns for ``partitions``."""
+    path = settings.table_path(QUARANTINE)
+    if not delta_io.table_exists(path, spark):
+        return 0
+    return delta_io.read(spark, path).filter(quarantine_predicate(asset, partitions)).count()

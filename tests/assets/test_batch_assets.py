@@ -1,0 +1,196 @@
+"""Batch assets end to end on a small generated lake, checked against pandas."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pandas as pd
+from dagster import AssetKey
+from lakecast import datagen, delta_io
+from lakecast.tables import (
+    DIM_PRODUCTS,
+    DIM_USERS,
+    EVENTS,
+    QUARANTINE,
+    RAW_PRODUCTS,
+    RAW_USERS,
+    USER_SEGMENTS,
+)
+
+from tests.assets import reference
+from tests.assets.conftest import DAYS, DIMS, SEGMENTS, SMALL, run_assets
+
+COLUMNS = [
+    "user_id", "segment", "recency_days", "frequency", "monetary", "purchases", "interests",
+    "last_event_at", "tenure_days", "updated_day",
+]  # fmt: skip
+
+
+def _pdf(spark, settings, name: str) -> pd.DataFrame:
+    return delta_io.read(spark, settings.table_path(name)).toPandas()
+
+
+def _materializations(result, key: str) -> list:
+    return [
+        e.materialization
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key == AssetKey(key)
+    ]
+
+
+def _segments_table(spark, settings) -> pd.DataFrame:
+    df = _pdf(spark, settings, USER_SEGMENTS)[COLUMNS].sort_values("user_id")
+    df["monetary"] = df["monetary"].astype(float)
+    df["interests"] = df["interests"].map(list)
+    df["recency_days"] = df["recency_days"].astype("Int64")
+    df["updated_day"] = pd.to_datetime(df["updated_day"]).dt.date
+    return df.reset_index(drop=True)
+
+
+def _expected_segments(expected: pd.DataFrame) -> pd.DataFrame:
+    df = expected[COLUMNS].copy()
+    df["recency_days"] = df["recency_days"].astype("Int64")
+    df["last_event_at"] = pd.to_datetime(df["last_event_at"])
+    return df.reset_index(drop=True)
+
+
+def test_assets_match_pandas_quarantine_reconciles_and_reruns_change_nothing(spark, small_lake):
+    lake = small_lake
+    dims = run_assets(DIMS)
+    dim_meta = _materializations(dims, DIM_USERS)[0].metadata
+    for key in ("dagster/row_count", "dagster/column_schema", "delta_version", "rows_inserted",
+                "rows_updated", "rows_deleted", "quarantined_rows"):  # fmt: skip
+        assert key in dim_meta, key
+
+    # ---- dimensions == independent pandas cleaning of the same raw rows
+    pu = reference.users(_pdf(spark, lake, RAW_USERS))
+    pp = reference.products(_pdf(spark, lake, RAW_PRODUCTS))
+    exp_users = pu[pu["reason"].isna()].sort_values("user_id").reset_index(drop=True)
+    got_users = _pdf(spark, lake, DIM_USERS).sort_values("user_id").reset_index(drop=True)
+    assert got_users["user_id"].tolist() == exp_users["user_id"].astype(int).tolist()
+    assert got_users["country"].tolist() == exp_users["country"].tolist()
+    assert (pd.to_datetime(got_users["signup_ts"]) == exp_users["signup"]).all()
+    exp_products = pp[pp["reason"].isna()].sort_values("product_id").reset_index(drop=True)
+    got_products = _pdf(spark, lake, DIM_PRODUCTS).sort_values("product_id").reset_index(drop=True)
+    assert got_products["product_id"].tolist() == exp_products["product_id"].astype(int).tolist()
+    assert got_products["price"].astype(float).tolist() == exp_products["price"].tolist()
+    assert dim_meta["accepted_rows"].value == len(exp_users)
+    assert dim_meta["quarantined_rows"].value == int(pu["reason"].notna().sum()) > 0
+
+    # ---- three days in ONE run
+    seg = run_assets(SEGMENTS, partition_range=(SMALL.day_keys[0], SMALL.day_keys[-1]))
+    mats = _materializations(seg, USER_SEGMENTS)
+    assert sorted(m.partition for m in mats) == SMALL.day_keys
+    meta = mats[-1].metadata
+    assert meta["partitions_processed"].value == 3
+
+    pe = reference.events(_pdf(spark, lake, EVENTS), exp_users, exp_products)
+    accepted = pe[pe["reason"].isna()]
+    expected = _expected_segments(reference.segments_after(accepted, exp_users, DAYS))
+    got = _segments_table(spark, lake)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    assert set(expected["segment"]) >= {"NEW", "CHURNING", "REGULAR"}
+    sizes = expected["segment"].value_counts()
+    for s in ("VIP", "NEW", "CHURNING", "REGULAR"):
+        assert meta[f"segment_{s.lower()}"].value == sizes.get(s, 0)
+    assert meta["dagster/row_count"].value == len(expected)
+
+    # ---- quarantine: every bad row with its reason; input = accepted + quarantined per day
+    q = _pdf(spark, lake, QUARANTINE)
+    q_events = q[q["asset"] == USER_SEGMENTS]
+    got_reasons = q_events.groupby(["partition_key", "reason"]).size().to_dict()
+    bad = pe[pe["reason"].notna()]
+    assert got_reasons == bad.groupby(["ingest_day", "reason"]).size().to_dict()
+    assert {"null_user_id", "unknown_user_id", "unknown_product_id", "negative_amount",
+            "nan_amount", "unparsable_event_time", "duplicate_event_id",
+            "unknown_event_type"} <= set(bad["reason"])  # fmt: skip
+    q_users = q[q["asset"] == DIM_USERS]
+    assert q_users["reason"].value_counts().to_dict() == pu["reason"].value_counts().to_dict()
+    assert q_users["partition_key"].isna().all()
+    assert q_events["raw_record"].str.startswith("{").all()
+    assert q["quarantined_at"].notna().all() and (q["source_table"] != "").all()
+    raw_events = _pdf(spark, lake, EVENTS)
+    for day in SMALL.day_keys:
+        n_in = int((raw_events["ingest_day"] == day).sum())
+        n_ok = int(((pe["ingest_day"] == day) & pe["reason"].isna()).sum())
+        assert n_in == n_ok + int((q_events["partition_key"] == day).sum())
+    assert meta["input_rows"].value == meta["accepted_rows"].value + meta["quarantined_rows"].value
+    assert meta["quarantined_rows"].value == len(q_events)
+
+    # ---- the same partition again, then an older one: nothing changes, nothing duplicates
+    path = lake.table_path(USER_SEGMENTS)
+    before = delta_io.latest_version(path)
+    for key in (SMALL.day_keys[-1], SMALL.day_keys[0]):
+        again = run_assets(SEGMENTS, partition_key=key)
+        m = _materializations(again, USER_SEGMENTS)[0].metadata
+        assert (m["rows_inserted"].value, m["rows_updated"].value, m["rows_deleted"].value) == (
+            0, 0, 0,
+        )  # fmt: skip
+    after = delta_io.latest_version(path)
+    if after > before:  # an empty MERGE commit is allowed; it must carry no change
+        assert delta_io.read_changes(spark, path, before + 1, after).count() == 0
+    pd.testing.assert_frame_equal(_segments_table(spark, lake), got)
+    q2 = _pdf(spark, lake, QUARANTINE)
+    assert len(q2) == len(q)
+    assert sorted(q2["raw_record"]) == sorted(q["raw_record"])
+
+
+def test_one_percent_refresh_commits_only_the_changed_rows(spark, lake):
+    datagen.generate(spark, lake, datagen.GenSpec(scale=0.5, seed=5, days=1))
+    run_assets(DIMS)
+    before_u = reference.users(_pdf(spark, lake, RAW_USERS))
+    before_p = reference.products(_pdf(spark, lake, RAW_PRODUCTS))
+    refresh = datagen.refresh_dimensions(spark, lake, seed=3, fraction=0.01)
+    assert sum(refresh.users) > 0 and sum(refresh.products) > 0
+    v_users = delta_io.latest_version(lake.table_path(DIM_USERS))
+    v_products = delta_io.latest_version(lake.table_path(DIM_PRODUCTS))
+    result = run_assets(DIMS)
+    after_u = reference.users(_pdf(spark, lake, RAW_USERS))
+    after_p = reference.products(_pdf(spark, lake, RAW_PRODUCTS))
+
+    cases = [
+        (DIM_USERS, "user_id", before_u, after_u, ["name", "email", "country", "signup"], v_users),
+        (DIM_PRODUCTS, "product_id", before_p, after_p, ["name", "category", "price"], v_products),
+    ]
+    for table, key, before, after, cols, v_before in cases:
+        b = before[before["reason"].isna()].set_index(key)[cols]
+        a = after[after["reason"].isna()].set_index(key)[cols]
+        inserted = len(a.index.difference(b.index))
+        deleted = len(b.index.difference(a.index))
+        common = a.index.intersection(b.index)
+        updated = int((a.loc[common] != b.loc[common]).any(axis=1).sum())
+        assert 0 < inserted + updated + deleted <= 0.03 * len(b), (inserted, updated, deleted)
+
+        path = lake.table_path(table)
+        v_after = delta_io.latest_version(path)
+        assert v_after == v_before + 1, "one MERGE commit"
+        cdf = delta_io.read_changes(spark, path, v_after, v_after).toPandas()
+        kinds = cdf["_change_type"].value_counts().to_dict()
+        assert kinds.get("insert", 0) == inserted
+        assert kinds.get("delete", 0) == deleted
+        assert kinds.get("update_postimage", 0) == kinds.get("update_preimage", 0) == updated
+        assert len(cdf) == inserted + deleted + 2 * updated
+        meta = _materializations(result, table)[0].metadata
+        assert (meta["rows_inserted"].value, meta["rows_updated"].value,
+                meta["rows_deleted"].value) == (inserted, updated, deleted)  # fmt: skip
+        assert meta["delta_version"].value == v_after
+        assert delta_io.read(spark, path).count() == len(a)
+
+
+def test_generator_is_deterministic_and_appends_events(spark, lake):
+    spec = datagen.GenSpec(scale=0.02, seed=3, days=2)
+    first = datagen.events_frame(spark, 2_000, 3, n_users=40, n_products=10).toPandas()
+    second = datagen.events_frame(spark, 2_000, 3, n_users=40, n_products=10).toPandas()
+    pd.testing.assert_frame_equal(first, second)
+    assert first["event_time"].map(type).eq(str).all()
+
+    datagen.generate(spark, lake, spec)
+    n_before = delta_io.read(spark, lake.table_path(EVENTS)).count()
+    max_id = int(_pdf(spark, lake, EVENTS)["event_id"].max())
+    res = datagen.append_events(spark, lake, 500, day=date(2026, 1, 3))
+    assert res.first_event_id == max_id + 1 and 0 < res.rows <= 500
+    events = _pdf(spark, lake, EVENTS)
+    assert len(events) == n_before + res.rows
+    new = events[events["event_id"] > max_id]
+    assert set(new["ingest_day"]) == {"2026-01-03"}
+    assert new["event_time"].str.startswith("2026-01-03").sum() >= 0.95 * len(new)
