@@ -9,7 +9,6 @@ run processes everything committed since the last batch (see
 The same pipeline runs without Dagster: ``python -m jobs.microbatch [--max-batches N]``.
 """
 
-from __future__ import annotations
 
 import argparse
 import json
@@ -51,7 +50,7 @@ ENRICHMENT = PipelineSpec(
 )
 
 
-def build_pipeline(spark: SparkSession, settings: Settings) -> MicroBatchPipeline:
+def build_pipeline(spark: "SparkSession", settings: Settings) -> MicroBatchPipeline:
     """The enrichment pipeline over the lake of ``settings``."""
     tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
     runtime = BroadcastRuntime(

@@ -23,6 +23,8 @@ since the last committed batch, as one or more batches:
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +46,21 @@ Processor = Callable[["DataFrame", BatchPlan], BroadcastResult]
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
+
+
+CRASH_ENV = "LAKECAST_CRASH_AT"
+"""Fault injection for tests: ``LAKECAST_CRASH_AT=<point>`` kills the process with
+SIGKILL at that point of a batch (``planned``, ``read``, ``main_written``,
+``outputs_written``); ``<point>:<batch_id>`` limits it to one batch."""
+
+
+def _crash_point(point: str, batch_id: int) -> None:
+    target = os.environ.get(CRASH_ENV)
+    if not target:
+        return
+    name, _, only = target.partition(":")
+    if name == point and (not only or int(only) == batch_id):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ReconciliationError(LakecastError):
@@ -116,10 +133,9 @@ class MicroBatchPipeline:
 
     def next_plan(self) -> tuple[BatchPlan | None, bool]:
         """The batch to run next and whether it redoes a crashed one; ``None`` if idle."""
-        pending = self.log.pending()
+        pending, last, _ = self.log.position()
         if pending is not None:
             return pending, True
-        last, _ = self.log.last_committed()
         events_end, bvs = self.current_versions()
         start = last.events_end if last else -1
         if events_end is None or events_end <= start:
@@ -149,8 +165,10 @@ class MicroBatchPipeline:
         t0 = time.perf_counter()
         if not redone:
             self.log.write_plan(plan)
+        _crash_point("planned", plan.batch_id)
         events = self.read_events(plan).persist(StorageLevel.MEMORY_AND_DISK)
         counts: dict[str, int] = {"events_in": events.count()}
+        _crash_point("read", plan.batch_id)
         try:
             valid = events
             if self.validator is not None:
@@ -161,6 +179,7 @@ class MicroBatchPipeline:
             result = self.processor(valid, plan).persist()
             try:
                 counts["enriched"] = self._write(result.main, self.spec.output_table, "main", plan)
+                _crash_point("main_written", plan.batch_id)
                 unknown = set(result.side_output_names) - set(self.spec.side_outputs)
                 if unknown:
                     raise ReconciliationError(
@@ -177,6 +196,7 @@ class MicroBatchPipeline:
                 result.unpersist()
         finally:
             events.unpersist()
+        _crash_point("outputs_written", plan.batch_id)
         produced = sum(v for k, v in counts.items() if k != "events_in")
         if produced != counts["events_in"]:
             raise ReconciliationError(

@@ -112,17 +112,23 @@ class ProgressLog:
 
     def last_committed(self) -> tuple[BatchPlan | None, BatchCommit | None]:
         """The newest committed batch's plan and commit (``(None, None)`` before any)."""
-        plans, commits = self.state()
-        done = [p for p in plans if p.batch_id in commits]
-        if not done:
-            return None, None
-        return done[-1], commits[done[-1].batch_id]
+        return self.position()[1:]
 
     def pending(self) -> BatchPlan | None:
         """The planned batch that has not committed (to be redone with the same plan)."""
+        return self.position()[0]
+
+    def position(self) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
+        """(pending plan, last committed plan, its commit) from one read of the log."""
         plans, commits = self.state()
+        done = [p for p in plans if p.batch_id in commits]
         open_ = [p for p in plans if p.batch_id not in commits]
-        return open_[-1] if open_ else None
+        last = done[-1] if done else None
+        return (
+            open_[-1] if open_ else None,
+            last,
+            commits[last.batch_id] if last else None,
+        )
 
     @staticmethod
     def as_dict(obj: BatchPlan | BatchCommit) -> dict[str, Any]:
