@@ -15,10 +15,11 @@ since the last committed batch, as one or more batches:
 4. **process** the valid rows with the broadcast process function on Spark
    (task-local state, see :mod:`lakecast.runtime`), in one pass that yields the
    main output and every side output;
-5. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
+5. **reconcile** before writing anything: events in = main + side outputs +
+   rejected, or the batch fails with nothing written;
+6. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
    = (pipeline:output, batch id), so a retry never writes twice;
-6. **commit** the counts; they must reconcile: events in = main + side outputs
-   + rejected, or the batch fails before committing.
+7. **commit** the counts.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from lakecast import delta_io
 from lakecast.errors import LakecastError
+from lakecast.executor import OUTPUT_COLUMN
 from lakecast.progress import BatchCommit, BatchPlan, ProgressLog
 from lakecast.runtime import BroadcastResult
 
@@ -159,6 +161,7 @@ class MicroBatchPipeline:
         )
 
     def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
+        """Process one planned batch: count and reconcile first, then write, then commit."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -166,43 +169,53 @@ class MicroBatchPipeline:
         if not redone:
             self.log.write_plan(plan)
         _crash_point("planned", plan.batch_id)
-        events = self.read_events(plan).persist(StorageLevel.MEMORY_AND_DISK)
-        counts: dict[str, int] = {"events_in": events.count()}
+        events = self.read_events(plan)
+        rejected = None
+        if self.validator is not None:
+            checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
+            rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
+            valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+            by_reason = {r[0]: r[1] for r in checked.groupBy(REASON_COLUMN).count().collect()}
+            counts = {"events_in": sum(by_reason.values()),
+                      "rejected": sum(n for k, n in by_reason.items() if k is not None)}
+        else:
+            checked = events.persist(StorageLevel.MEMORY_AND_DISK)
+            valid = checked
+            counts = {"events_in": checked.count()}
         _crash_point("read", plan.batch_id)
+        result = self.processor(valid, plan).persist()
         try:
-            valid = events
-            if self.validator is not None:
-                checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
-                rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
-                valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
-                counts["rejected"] = self._write_rejected(rejected, plan)
-            result = self.processor(valid, plan).persist()
-            try:
-                counts["enriched"] = self._write(result.main, self.spec.output_table, "main", plan)
-                _crash_point("main_written", plan.batch_id)
-                unknown = set(result.side_output_names) - set(self.spec.side_outputs)
-                if unknown:
-                    raise ReconciliationError(
-                        f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
-                        f"configured: {sorted(self.spec.side_outputs)}"
-                    )
-                for side, table in self.spec.side_outputs.items():
-                    counts[side] = (
-                        self._write(result.side(side), table, side, plan)
-                        if side in result.side_output_names else 0
-                    )
-                metrics = result.metrics()
-            finally:
-                result.unpersist()
+            by_output = {
+                r[0]: r[1] for r in result.frame.groupBy(OUTPUT_COLUMN).count().collect()
+            }
+            unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs)
+            if unknown:
+                raise ReconciliationError(
+                    f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
+                    f"configured: {sorted(self.spec.side_outputs)}"
+                )
+            counts["enriched"] = by_output.get(None, 0)
+            for side in self.spec.side_outputs:
+                counts[side] = by_output.get(side, 0)
+            produced = sum(v for k, v in counts.items() if k != "events_in")
+            if produced != counts["events_in"]:
+                raise ReconciliationError(
+                    f"batch {plan.batch_id}: events in = {counts['events_in']} but outputs add "
+                    f"up to {produced} ({counts}); nothing was written or committed"
+                )
+            # counts reconcile: now write, each output idempotently
+            if rejected is not None:
+                self._write_rejected(rejected, plan)
+            self._write(result.main, self.spec.output_table, "main", plan)
+            _crash_point("main_written", plan.batch_id)
+            for side, table in self.spec.side_outputs.items():
+                if side in result.side_output_names:
+                    self._write(result.side(side), table, side, plan)
+            metrics = result.metrics()
         finally:
-            events.unpersist()
+            result.unpersist()
+            checked.unpersist()
         _crash_point("outputs_written", plan.batch_id)
-        produced = sum(v for k, v in counts.items() if k != "events_in")
-        if produced != counts["events_in"]:
-            raise ReconciliationError(
-                f"batch {plan.batch_id}: events in = {counts['events_in']} but outputs add up "
-                f"to {produced} ({counts}); nothing was committed"
-            )
         self.log.write_commit(BatchCommit(plan.batch_id, counts))
         return BatchResult(
             plan, counts, time.perf_counter() - t0, redone,
@@ -214,24 +227,19 @@ class MicroBatchPipeline:
             updates_applied=metrics.broadcast_updates_applied,
         )
 
-    def _write(self, df: DataFrame, table: str, output: str, plan: BatchPlan) -> int:
-        n = df.count()
+    def _write(self, df: DataFrame, table: str, output: str, plan: BatchPlan) -> None:
         delta_io.write(
             df, self.table_path(table), txn=(f"{self.spec.name}:{output}", plan.batch_id),
             merge_schema=True,
         )
-        return n
 
-    def _write_rejected(self, rejected: DataFrame, plan: BatchPlan) -> int:
+    def _write_rejected(self, rejected: DataFrame, plan: BatchPlan) -> None:
         from pyspark.sql import functions as F
 
         if self.spec.rejected_table is None:
-            n = rejected.count()
-            if n:
-                raise ReconciliationError(
-                    f"{n} invalid events and no rejected table configured for {self.spec.name}"
-                )
-            return 0
+            raise ReconciliationError(
+                f"invalid events and no rejected table configured for {self.spec.name}"
+            )
         rows = rejected.select(
             F.col(REASON_COLUMN).alias("reason"),
             F.to_json(F.struct(*[c for c in rejected.columns if c != REASON_COLUMN])).alias(
@@ -239,7 +247,7 @@ class MicroBatchPipeline:
             ),
             F.lit(plan.batch_id).alias("batch_id"),
         )
-        return self._write(rows, self.spec.rejected_table, "rejected", plan)
+        self._write(rows, self.spec.rejected_table, "rejected", plan)
 
     # -- driver ---------------------------------------------------------------
 

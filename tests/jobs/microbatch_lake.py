@@ -1,0 +1,111 @@
+"""A small hand-made lake for the micro-batch tests, and an independent pandas model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from lakecast import delta_io, flags
+from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+
+EVENT_COLUMNS = [
+    "event_id", "user_id", "product_id", "event_type", "amount", "event_time", "device",
+    "ingest_day",
+]  # fmt: skip
+EVENTS_SCHEMA = (
+    "event_id LONG, user_id LONG, product_id LONG, event_type STRING, amount DOUBLE, "
+    "event_time STRING, device STRING, ingest_day STRING"
+)
+
+
+def products() -> pd.DataFrame:
+    return pd.DataFrame(
+        {"product_id": [1, 2, 3, 4], "name": ["p1", "p2", "p3", "p4"],
+         "category": ["books", "toys", "home", "music"], "price": [10.0, 20.0, 30.0, 40.0]}
+    )  # fmt: skip
+
+
+def segments_v1() -> pd.DataFrame:
+    return pd.DataFrame({"user_id": [1, 2, 3, 4], "segment": ["VIP", "REGULAR", "CHURNING", "VIP"]})
+
+
+def events(first_id: int, n: int, seed: int) -> pd.DataFrame:
+    """``n`` events; users 1..6 (5 and 6 unsegmented), products 1..5 (5 unknown),
+    plus malformed rows: null user, NaN and negative amounts, bad timestamp,
+    unknown type, and a duplicate event id."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(first_id, first_id + n)
+    df = pd.DataFrame({
+        "event_id": ids,
+        "user_id": rng.integers(1, 7, n).astype("float"),
+        "product_id": rng.integers(1, 6, n),
+        "event_type": rng.choice(["view", "add_to_cart", "purchase"], n),
+        "amount": np.round(rng.uniform(1, 100, n), 2),
+        "event_time": [f"2026-01-0{1 + i % 7} 10:00:{i % 60:02d}" for i in ids],
+        "device": "web",
+        "ingest_day": "2026-01-01",
+    })  # fmt: skip
+    df.loc[0, "user_id"] = np.nan
+    df.loc[1, "amount"] = np.nan
+    df.loc[2, "amount"] = -5.0
+    df.loc[3, "event_time"] = "not-a-timestamp"
+    df.loc[4, "event_type"] = "click"
+    dup = df.iloc[[5]].copy()
+    return pd.concat([df, dup], ignore_index=True)
+
+
+def write_events(spark, lake, frame: pd.DataFrame) -> int:
+    def clean(col: str, v: object) -> object:
+        if isinstance(v, float) and np.isnan(v) and col != "amount":
+            return None
+        return int(v) if col in ("event_id", "user_id", "product_id") else v
+
+    rows = [tuple(clean(c, v) for c, v in zip(EVENT_COLUMNS, r, strict=True))
+            for r in frame[EVENT_COLUMNS].itertuples(index=False)]  # fmt: skip
+    return delta_io.write(spark.createDataFrame(rows, EVENTS_SCHEMA), lake.table_path(EVENTS))
+
+
+def build(spark, lake) -> None:
+    """Broadcast tables at their first version (flag vip_discount = 10%)."""
+    delta_io.write(spark.createDataFrame(products()), lake.table_path(DIM_PRODUCTS))
+    delta_io.write(spark.createDataFrame(segments_v1()), lake.table_path(USER_SEGMENTS))
+    flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "10")
+
+
+def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float) -> dict[str, pd.DataFrame]:
+    """The outputs, computed with pandas: rejected / unmatched / enriched."""
+    ev = ev.copy()
+    ts = pd.to_datetime(ev["event_time"], format="%Y-%m-%d %H:%M:%S", errors="coerce")
+    reason = pd.Series([None] * len(ev), dtype=object)
+    checks = [
+        (ev["user_id"].isna(), "null_user_id"),
+        (~ev["event_type"].isin(["view", "add_to_cart", "purchase"]), "unknown_event_type"),
+        (ev["amount"].isna(), "nan_amount"),
+        (ev["amount"] < 0, "negative_amount"),
+        (ts.isna(), "unparsable_event_time"),
+    ]
+    for cond, why in checks:
+        reason = reason.where(reason.notna() | ~cond, why)
+    dup = ev.duplicated("event_id") & reason.isna()
+    reason = reason.where(~dup, "duplicate_event_id")
+    ev["reason"] = reason
+    valid = ev[ev["reason"].isna()]
+    prods = products().rename(columns={"category": "product_category", "price": "product_price"})
+    joined = valid.merge(prods[["product_id", "product_category", "product_price"]],
+                         on="product_id", how="left")  # fmt: skip
+    unmatched = joined[joined["product_category"].isna()]
+    enriched = joined[joined["product_category"].notna()].merge(segs, on="user_id", how="left")
+    enriched["segment"] = enriched["segment"].fillna("NEW")
+    enriched["vip_discount_pct"] = np.where(enriched["segment"] == "VIP", vip_pct, 0.0)
+    return {
+        "rejected": ev[ev["reason"].notna()][["event_id", "reason"]],
+        "unmatched": unmatched[["event_id"]],
+        "enriched": enriched[["event_id", "user_id", "product_category", "product_price",
+                              "segment", "vip_discount_pct"]],
+    }  # fmt: skip
+
+
+def versions(value: str) -> dict[str, int]:
+    return json.loads(value)

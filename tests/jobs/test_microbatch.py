@@ -1,0 +1,144 @@
+"""The enrichment micro-batch job: end to end across two broadcast versions, exactly once."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from dagster import materialize
+
+from assets.resources import LakecastSparkResource, LakeResource
+from jobs.microbatch import (
+    ENRICHED_EVENTS,
+    ENRICHMENT_REJECTED,
+    ENRICHMENT_UNMATCHED,
+    build_pipeline,
+    enrichment_microbatch_assets,
+)
+from lakecast import delta_io, flags
+from lakecast.pipeline import ReconciliationError
+from lakecast.tables import USER_SEGMENTS
+from tests.jobs import microbatch_lake as ml
+
+
+def _read(spark, lake, table: str) -> pd.DataFrame:
+    return delta_io.read(spark, lake.table_path(table)).toPandas()
+
+
+def _check(got: pd.DataFrame, want: pd.DataFrame, cols: list[str]) -> None:
+    g = got[cols].sort_values("event_id").reset_index(drop=True)
+    w = want[cols].sort_values("event_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(g, w, check_dtype=False)
+
+
+def test_end_to_end_across_two_broadcast_versions(spark, lake):
+    ml.build(spark, lake)
+    batch1 = ml.events(0, 60, seed=1)
+    ml.write_events(spark, lake, batch1)
+
+    # batch 0 through Dagster: the job's assets, materialized for real
+    res = materialize(
+        [enrichment_microbatch_assets],
+        resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
+    )
+    assert res.success
+    mats = res.get_asset_materialization_events()
+    meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in mats}
+    assert set(meta) == {ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED}
+    want1 = ml.expected(batch1, ml.segments_v1(), 10.0)
+    assert meta[ENRICHED_EVENTS]["events_in"].value == len(batch1)
+    assert meta[ENRICHED_EVENTS]["dagster/row_count"].value == len(want1["enriched"])
+    assert meta[ENRICHMENT_REJECTED]["dagster/row_count"].value == len(want1["rejected"])
+
+    # broadcast side changes: segments v2 (user 1 VIP -> CHURNING, user 5 appears), flag 25%
+    segs2 = pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]})
+    delta_io.merge_upsert(spark, spark.createDataFrame(segs2), lake.table_path(USER_SEGMENTS),
+                          keys=["user_id"])  # fmt: skip
+    flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "25")
+    batch2 = ml.events(1000, 50, seed=2)
+    ml.write_events(spark, lake, batch2)
+
+    pipeline = build_pipeline(spark, lake)
+    results = pipeline.run()
+    assert [r.plan.batch_id for r in results] == [1]
+    r = results[0]
+    assert r.state_version == {"dim_products": 0, "user_segments": 1, "feature_flags": 1}
+    assert r.counts["events_in"] == len(batch2)
+    assert r.counts["events_in"] == r.counts["enriched"] + r.counts["unmatched"] + r.counts[
+        "rejected"]
+    assert pipeline.run() == []  # caught up: nothing runs twice
+
+    segs_v2 = pd.concat([ml.segments_v1()[lambda d: d.user_id != 1], segs2])
+    want2 = ml.expected(batch2, segs_v2, 25.0)
+    enriched = _read(spark, lake, ENRICHED_EVENTS)
+    enriched["v"] = enriched["_state_version"].map(ml.versions)
+    first = enriched[enriched.event_id < 1000]
+    second = enriched[enriched.event_id >= 1000]
+    # lineage: earlier events keep v1, later ones were enriched with v2
+    assert {tuple(sorted(v.items())) for v in first.v} == {
+        (("dim_products", 0), ("feature_flags", 0), ("user_segments", 0))}
+    assert {v["user_segments"] for v in second.v} == {1}
+    cols = ["event_id", "user_id", "product_category", "product_price", "segment",
+            "vip_discount_pct"]
+    _check(first, want1["enriched"], cols)
+    _check(second, want2["enriched"], cols)
+    unmatched = _read(spark, lake, ENRICHMENT_UNMATCHED)
+    assert sorted(unmatched.event_id) == sorted(
+        pd.concat([want1["unmatched"], want2["unmatched"]]).event_id)
+    rejected = _read(spark, lake, ENRICHMENT_REJECTED)
+    want_rej = pd.concat([want1["rejected"], want2["rejected"]])
+    got_rej = rejected.assign(event_id=rejected.raw_record.map(
+        lambda s: pd.read_json(__import__("io").StringIO(f"[{s}]")).event_id[0]))
+    _check(got_rej, want_rej, ["event_id", "reason"])
+    # every input row is in exactly one output
+    assert len(enriched) + len(unmatched) + len(rejected) == len(batch1) + len(batch2)
+    assert enriched.event_id.is_unique
+
+
+def test_failed_batch_writes_nothing_and_is_redone_with_its_plan(spark, lake):
+    ml.build(spark, lake)
+    ml.write_events(spark, lake, ml.events(0, 30, seed=3))
+    pipeline = build_pipeline(spark, lake)
+    real = pipeline.processor
+
+    def broken(events, plan):
+        raise RuntimeError("task failure")
+
+    pipeline.processor = broken
+    with pytest.raises(RuntimeError, match="task failure"):
+        pipeline.run()
+    assert delta_io.latest_version(lake.table_path(ENRICHED_EVENTS)) is None
+    plan = pipeline.log.pending()
+    assert plan is not None and plan.batch_id == 0
+
+    # more events arrive meanwhile; the redo keeps its plan, the new events get the next batch
+    ml.write_events(spark, lake, ml.events(500, 20, seed=4))
+    pipeline.processor = real
+    results = pipeline.run()
+    assert [(r.plan.batch_id, r.redone) for r in results] == [(0, True), (1, False)]
+    assert results[0].plan == plan
+    assert results[0].counts["events_in"] == 31 and results[1].counts["events_in"] == 21
+    enriched = _read(spark, lake, ENRICHED_EVENTS)
+    assert enriched.event_id.is_unique
+
+
+def test_counts_must_reconcile(spark, lake):
+    ml.build(spark, lake)
+    ml.write_events(spark, lake, ml.events(0, 20, seed=5))
+    pipeline = build_pipeline(spark, lake)
+    real = pipeline.processor
+
+    def lossy(events, plan):
+        return real(events.limit(3), plan)  # silently drops rows: must not commit
+
+    pipeline.processor = lossy
+    with pytest.raises(ReconciliationError, match="nothing was written"):
+        pipeline.run()
+    assert pipeline.log.pending() is not None
+    for table in (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED):
+        assert delta_io.latest_version(lake.table_path(table)) is None
+    pipeline.processor = real  # the redo writes everything, once
+    (result,) = pipeline.run()
+    assert result.redone and result.counts["events_in"] == 21
+    total = sum(delta_io.read(spark, lake.table_path(t)).count()
+                for t in (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED))
+    assert total == 21
