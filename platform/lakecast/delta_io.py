@@ -14,10 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote
 
 from lakecast.errors import LakecastError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
@@ -122,6 +124,72 @@ def read_changes(
     if end_version is not None:
         reader = reader.option("endingVersion", end_version)
     return reader.load(path)
+
+
+def read_changes_from_log(
+    path: str, start_version: int, end_version: int
+) -> dict[int, pa.Table] | None:
+    """The Change Data Feed of versions ``start..end`` read without Spark: straight from
+    the files each commit names (its ``cdc`` files, else its data-changing ``add`` files
+    as inserts or ``remove`` files as deletes), one Arrow table per version with a
+    ``_change_type`` column (pre-images included, no ``_commit_*`` columns).
+
+    Returns ``None`` when a version needs Spark's reader (:func:`read_changes`): URI
+    paths, metadata/protocol changes, deletion vectors, partitioned or column-mapped
+    files, commits rewriting files without CDC files, or missing files.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _is_uri(path):
+        return None
+    root = _local(path)
+    out: dict[int, pa.Table] = {}
+    for version in range(start_version, end_version + 1):
+        try:
+            text = _read_log_file(path, f"{version:020d}.json", None)
+        except FileNotFoundError:
+            return None
+        files: dict[str, list[str]] = {"add": [], "remove": [], "cdc": []}
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "metaData" in action or "protocol" in action:
+                return None
+            for kind, bucket in files.items():
+                act = action.get(kind)
+                if act is None:
+                    continue
+                if act.get("deletionVector") or act.get("partitionValues"):
+                    return None
+                if kind == "cdc" or act.get("dataChange", True):
+                    bucket.append(act["path"])
+        if files["cdc"]:
+            names, change_type = files["cdc"], None
+        elif files["add"] and files["remove"]:
+            return None
+        elif files["add"]:
+            names, change_type = files["add"], "insert"
+        else:
+            names, change_type = files["remove"], "delete"
+        tables = []
+        for name in names:
+            try:
+                t = pq.read_table(root / unquote(name), partitioning=None)
+            except OSError:
+                return None
+            if any(f.metadata and b"PARQUET:field_id" in f.metadata for f in t.schema):
+                return None  # column mapping: physical names differ from the logical ones
+            if "__is_cdc" in t.column_names:  # Delta's internal marker in CDC files
+                t = t.drop_columns(["__is_cdc"])
+            if change_type is not None:
+                t = t.append_column("_change_type", pa.array([change_type] * t.num_rows,
+                                                             pa.string()))
+            tables.append(t)
+        out[version] = (pa.concat_tables(tables, promote_options="permissive") if tables
+                        else pa.table({"_change_type": pa.array([], pa.string())}))
+    return out
 
 
 def write(

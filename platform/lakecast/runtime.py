@@ -355,6 +355,11 @@ class BroadcastRuntime:
     def refresh(self, until: Mapping[str, int] | None = None) -> list[BroadcastElement]:
         """Read broadcast elements after the current state version (up to ``until`` or the
         newest versions) and append them to the chain; returns the new elements."""
+        if self._chain and until and any(
+            v < self.version.get(t, -1) for t, v in until.items()
+        ):  # replaying an older planned batch: rebuild the state as of ``until``
+            self.close()
+            self.version = {}
         if not self._chain:
             elements = self._base_elements(until)
             self.version = {e.table: e.version for e in elements}
@@ -427,11 +432,11 @@ class BroadcastRuntime:
         plan = self.plan(input_schema, watermark)
         acc = self.spark.sparkContext.accumulator([], _list_param())
         plan = TaskPlan(**{**plan.__dict__, "accumulator": acc})
-        parallelism = events.rdd.getNumPartitions()
+        parallelism = self.spark.sparkContext.defaultParallelism  # estimate; tasks report
         if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
             warnings.warn(
                 f"estimated broadcast state {self.estimated_state_bytes / 1e6:.1f} MB x "
-                f"{parallelism} partitions exceeds the budget of "
+                f"{parallelism} (default parallelism) exceeds the budget of "
                 f"{self.state_budget_bytes / 1e6:.1f} MB",
                 StateBudgetWarning,
                 stacklevel=2,

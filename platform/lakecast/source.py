@@ -141,13 +141,24 @@ def _full(spark: SparkSession, name: str, path: str, version: int, reason: str) 
     )
 
 
-def _changes(
-    spark: SparkSession, name: str, path: str, start: int, end: int
-) -> list[BroadcastElement]:
-    try:
-        infos = [delta_io.commit_info(path, v, spark) for v in range(start, end + 1)]
-    except delta_io.DeltaIOError as e:
-        raise CdfUnavailable(f"log cleaned: {e}") from e
+def _changes_from_log(path: str, start: int, end: int) -> dict[int, pa.Table] | None:
+    """Per-version changes read straight from the commits' CDC/data files (no Spark job)."""
+    tables = delta_io.read_changes_from_log(path, start, end)
+    if tables is None:
+        return None
+    out = {}
+    for v, t in tables.items():
+        if t.num_rows:
+            t = t.filter(pc.not_equal(t.column(CHANGE_TYPE), "update_preimage"))
+            names = [c for c in t.column_names if c != CHANGE_TYPE]
+            t = t.select([*names, CHANGE_TYPE])
+        out[v] = t
+    return out
+
+
+def _changes_with_spark(spark: SparkSession, path: str, start: int, end: int
+                        ) -> dict[int, pa.Table]:
+    """Per-version changes from Spark's Change Data Feed reader."""
     try:
         frame = delta_io.read_changes(spark, path, start, end).where(
             f"{CHANGE_TYPE} != 'update_preimage'"
@@ -158,9 +169,22 @@ def _changes(
         raise CdfUnavailable(first[:500]) from e
     versions = rows.column("_commit_version")
     rows = rows.drop_columns(["_commit_version"])
+    return {v: rows.filter(pc.equal(versions, v)) for v in range(start, end + 1)}
+
+
+def _changes(
+    spark: SparkSession, name: str, path: str, start: int, end: int, fast_path: bool = True
+) -> list[BroadcastElement]:
+    try:
+        infos = [delta_io.commit_info(path, v, spark) for v in range(start, end + 1)]
+    except delta_io.DeltaIOError as e:
+        raise CdfUnavailable(f"log cleaned: {e}") from e
+    parts = _changes_from_log(path, start, end) if fast_path else None
+    if parts is None:
+        parts = _changes_with_spark(spark, path, start, end)
     out = []
     for info in infos:
-        part = rows.filter(pc.equal(versions, info.version)) if len(infos) > 1 else rows
+        part = parts[info.version]
         out.append(
             BroadcastElement(
                 name, info.version, info.timestamp_ms, "changes", part, operation=info.operation
@@ -174,12 +198,15 @@ def read_broadcast_elements(
     tables: Mapping[str, str],
     since: Mapping[str, int | None],
     until: Mapping[str, int] | None = None,
+    *,
+    fast_path: bool = True,
 ) -> list[BroadcastElement]:
     """The ordered broadcast elements of ``tables`` after the versions in ``since``.
 
     ``since[name]`` is the last applied version (missing/``None``: nothing applied yet).
     ``until[name]`` caps the version read (default: the newest). Tables that do not
-    exist yet are skipped.
+    exist yet are skipped. ``fast_path`` reads simple commits' change files directly
+    (:func:`lakecast.delta_io.read_changes_from_log`) instead of running a Spark job.
     """
     elements: list[BroadcastElement] = []
     for name in sorted(tables):
@@ -196,7 +223,7 @@ def read_broadcast_elements(
             elements.append(_full(spark, name, path, latest, "no previous version: initial load"))
             continue
         try:
-            elements.extend(_changes(spark, name, path, prev + 1, latest))
+            elements.extend(_changes(spark, name, path, prev + 1, latest, fast_path))
         except CdfUnavailable as e:
             reason = f"CDF does not cover versions {prev + 1}..{latest}: {e}"
             elements.append(_full(spark, name, path, latest, reason))

@@ -305,3 +305,46 @@ def test_harness_runs_a_pandas_batch_function():
     assert h.process_elements([{"x": 1}, {"x": 2}]) == [{"x": 1, "y": 1}, {"x": 2, "y": 2}]
     h.process_broadcast_element(3)
     assert h.process_elements([{"x": 2}]) == [{"x": 2, "y": 6}]
+
+
+def test_table_state_matches_a_dict_model_under_random_changes():
+    """Base + overlay + compaction of TableMapState behave like a plain dict."""
+    from lakecast.state import TableMapState
+
+    rng = random.Random(3)
+    state = TableMapState(MapStateDescriptor("t", key_columns=("k",)))
+    state.compact_ratio = 0.3
+    model: dict[int, float] = {}
+    for version in range(60):
+        if version % 25 == 0:
+            rows = {k: float(rng.random()) for k in rng.sample(range(500), 200)}
+            state.apply(BroadcastElement.of("t", version, [{"k": k, "v": v}
+                                                           for k, v in rows.items()]))
+            model = dict(rows)
+        else:
+            ups = {k: float(rng.random()) for k in rng.sample(range(500), 15)}
+            dels = [k for k in rng.sample(range(500), 10) if k not in ups]
+            rows = [{"k": k, "v": v} for k, v in ups.items()] + [{"k": k, "v": 0.0} for k in dels]
+            kinds = ["update_postimage"] * len(ups) + ["delete"] * len(dels)
+            state.apply(BroadcastElement.of("t", version, rows, kind="changes", change_type=kinds))
+            model.update(ups)
+            for k in dels:
+                model.pop(k, None)
+        if version % 7 == 3:  # single writes through the dict API
+            state.put(1000 + version, {"v": -1.0})
+            model[1000 + version] = -1.0
+            victim = next(iter(model))
+            state.remove(victim)
+            model.pop(victim)
+        assert len(state) == len(model)
+        probe = list(range(0, 1100, 3))
+        taken, found = state.lookup([pa.array(probe)], ["v"])
+        got = {k: v for k, v, f in zip(probe, taken.column("v").to_pylist(), found, strict=True)
+               if f}
+        assert got == {k: model[k] for k in probe if k in model}
+        assert state.get(probe[1], "x") == ({"k": probe[1], "v": model[probe[1]]}
+                                            if probe[1] in model else "x")
+    table = state.to_arrow()
+    assert dict(zip(table.column("k").to_pylist(), table.column("v").to_pylist(),
+                    strict=True)) == model
+    assert sorted(state.keys()) == sorted(model)

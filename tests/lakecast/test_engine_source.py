@@ -36,6 +36,17 @@ def test_one_element_per_version_and_a_1pct_version_travels_as_1pct(spark, lake)
     assert sorted(els[1].deletes().column("user_id").to_pylist()) == [0, 1, 2, 3, 4]
     assert els[0].operation == "MERGE" and els[0].commit_timestamp <= els[1].commit_timestamp
 
+    # the log fast path (no Spark job) and Spark's CDF reader give the same elements
+    slow = read_broadcast_elements(spark, {"dim_users": path}, {"dim_users": 0},
+                                   fast_path=False)
+    fast_cdf = delta_io.read_changes_from_log(path, 1, 2)
+    assert fast_cdf is not None and set(fast_cdf) == {1, 2}
+    for f, s in zip(els, slow, strict=True):
+        key = ["user_id", "_change_type"]
+        assert (f.version, f.kind) == (s.version, s.kind)
+        assert f.rows.sort_by([(k, "ascending") for k in key]).to_pylist() == \
+            s.rows.select(f.rows.column_names).sort_by([(k, "ascending") for k in key]).to_pylist()
+
     # applied through the harness: same state as reading the table now
     h = BroadcastTestHarness(enrich(Lookup("dim_users", key="user_id", columns=["segment"])))
     h.process_broadcast_elements([base, *els])

@@ -228,6 +228,11 @@ def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):
         assert m.state_version == {"dim_users": version}
         assert len(runtime.chain) == 1 + version
 
+    # replaying an older planned batch (until=) rebuilds the state as of that version
+    old = runtime.process(events, until={"dim_users": 1})
+    rows = {r.user_id: (r.segment, r._state_version) for r in old.main.collect()}
+    assert rows[10] == ("VIP1", '{"dim_users":1}') and rows[20] == ("REGULAR", '{"dim_users":1}')
+
     # a new runtime (as a new application would) starts cold from a base
     fresh = BroadcastRuntime(spark, fn, {"dim_users": path})
     r = fresh.process(events)
