@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dagster import (
@@ -50,16 +51,19 @@ ENRICHMENT = PipelineSpec(
 )
 
 
-def build_pipeline(spark: "SparkSession", settings: Settings) -> MicroBatchPipeline:
+def build_pipeline(
+    spark: "SparkSession", settings: Settings, max_versions_per_batch: int | None = None
+) -> MicroBatchPipeline:
     """The enrichment pipeline over the lake of ``settings``."""
     tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
     runtime = BroadcastRuntime(
         spark, StorefrontEnrichment(), tables, timestamp_column="event_ts",
         function_id="storefront-enrichment",
     )
+    spec = replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch)
     return MicroBatchPipeline(
         spark,
-        ENRICHMENT,
+        spec,
         table_path=settings.table_path,
         progress_path=settings.checkpoint_path(f"{ENRICHMENT.name}/progress"),
         processor=lambda events, plan: runtime.process(events, until=plan.broadcast_versions),
@@ -148,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m jobs.microbatch", description=__doc__)
     parser.add_argument("--max-batches", type=int, default=None)
+    parser.add_argument("--max-versions-per-batch", type=int, default=None,
+                        help="cap the events versions one batch reads")
     args = parser.parse_args(argv)
     settings = get_settings()
     spark = get_spark(app_name="lakecast-microbatch")
-    pipeline = build_pipeline(spark, settings)
+    pipeline = build_pipeline(spark, settings, args.max_versions_per_batch)
     results = pipeline.run(
         max_batches=args.max_batches,
         on_batch=lambda r: print(f"batch {r.plan.batch_id}: {r.counts}", flush=True),

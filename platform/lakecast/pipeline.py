@@ -142,7 +142,7 @@ class MicroBatchPipeline:
         start = last.events_end if last else -1
         if events_end is None or events_end <= start:
             return None, False
-        if self.spec.max_versions_per_batch and start >= 0:
+        if self.spec.max_versions_per_batch:
             events_end = min(events_end, start + self.spec.max_versions_per_batch)
         batch_id = last.batch_id + 1 if last else 0
         return BatchPlan(batch_id, start, events_end, bvs), False
