@@ -6,6 +6,7 @@ from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
 from dagster_pyspark import PySparkResource
+
 from lakecast.config import Settings, get_settings
 from lakecast.spark import get_spark
 

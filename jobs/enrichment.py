@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from lakecast.api import Context, MapStateDescriptor, ReadOnlyContext
 from lakecast.datagen import EVENT_TYPES, TS_FORMAT
 from lakecast.enrich import Enrichment, Lookup

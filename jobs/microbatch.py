@@ -25,13 +25,13 @@ from dagster import (
     define_asset_job,
     multi_asset,
 )
+
+from assets.resources import LakecastSparkResource, LakeResource
+from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.config import Settings, get_settings
 from lakecast.pipeline import BatchResult, MicroBatchPipeline, PipelineSpec
 from lakecast.runtime import BroadcastRuntime
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
-
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

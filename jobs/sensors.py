@@ -25,10 +25,10 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from lakecast import delta_io
-from lakecast.config import get_settings
 
 from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, enrichment_microbatch
+from lakecast import delta_io
+from lakecast.config import get_settings
 
 SENSOR_INTERVAL_SECONDS = int(os.environ.get("LAKECAST_SENSOR_INTERVAL_SECONDS", "15"))
 ACTIVE = [

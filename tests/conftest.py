@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from lakecast.config import Settings, get_settings
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dagster import Definitions
+
 from lakecast.config import PROJECT_ROOT
 
 

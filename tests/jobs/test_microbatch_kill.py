@@ -11,10 +11,10 @@ import sys
 import time
 
 import pandas as pd
-from lakecast import delta_io
-from lakecast.config import PROJECT_ROOT
 
 from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED
+from lakecast import delta_io
+from lakecast.config import PROJECT_ROOT
 from tests.jobs import microbatch_lake as ml
 
 

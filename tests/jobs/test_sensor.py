@@ -12,11 +12,11 @@ from dagster import (
     build_sensor_context,
 )
 from dagster._core.storage.dagster_run import DagsterRun
-from lakecast import flags
-from lakecast.tables import EVENTS
 
 from jobs.microbatch import EXCLUSIVE_TAG, enrichment_microbatch
 from jobs.sensors import broadcast_versions_sensor
+from lakecast import flags
+from lakecast.tables import EVENTS
 from tests.jobs import microbatch_lake as ml
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-from lakecast import delta_io
 from pyspark.sql import functions as F
+
+from lakecast import delta_io
 
 
 def _frame(spark, rows):

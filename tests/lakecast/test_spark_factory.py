@@ -8,6 +8,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
 from lakecast import jars
 from lakecast.config import PROJECT_ROOT, get_settings, parse_conf_pairs
 from lakecast.errors import ConfigError, SetupError
