@@ -7,6 +7,7 @@ from dagster import (
     Definitions,
     build_schedule_from_partitioned_job,
     define_asset_job,
+    in_process_executor,
 )
 from lakecast.tables import USER_SEGMENTS
 
@@ -28,7 +29,10 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
     description="Every day at 01:00 UTC, segment users for the day that just ended.",
 )
 
+# Steps run in the run's process: they share its one Spark session (lakecast.spark.get_spark)
+# instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
+    executor=in_process_executor,
     assets=BATCH_ASSETS,
     asset_checks=BATCH_CHECKS,
     jobs=[daily_segment_refresh_job],

@@ -53,6 +53,7 @@ def run_assets(
 
 
 DIMS = AssetSelection.groups("raw") | AssetSelection.assets("dim_users", "dim_products")
+DIM_ONLY = AssetSelection.assets("dim_users", "dim_products")
 SEGMENTS = AssetSelection.assets("user_segments")
 
 

@@ -143,7 +143,9 @@ def features(accepted: pd.DataFrame, dim_users: pd.DataFrame, day: date) -> pd.D
     return pd.DataFrame(rows)
 
 
-def segments_after(accepted: pd.DataFrame, dim_users: pd.DataFrame, days: list[date]) -> pd.DataFrame:
+def segments_after(
+    accepted: pd.DataFrame, dim_users: pd.DataFrame, days: list[date]
+) -> pd.DataFrame:
     """The MERGEd table after processing ``days`` in order: latest features per user and
     ``updated_day`` = the last day whose features differed from the stored row."""
     table: dict[int, dict] = {}

@@ -18,7 +18,7 @@ from lakecast.tables import (
 )
 
 from tests.assets import reference
-from tests.assets.conftest import DAYS, DIMS, SEGMENTS, SMALL, run_assets
+from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 
 COLUMNS = [
     "user_id", "segment", "recency_days", "frequency", "monetary", "purchases", "interests",
@@ -136,15 +136,18 @@ def test_assets_match_pandas_quarantine_reconciles_and_reruns_change_nothing(spa
 
 
 def test_one_percent_refresh_commits_only_the_changed_rows(spark, lake):
-    datagen.generate(spark, lake, datagen.GenSpec(scale=0.5, seed=5, days=1))
-    run_assets(DIMS)
+    # ~1000 users, ~100 products; events are not needed for the dimensions
+    users = datagen.users_frame(spark, 1_000, 5)
+    delta_io.write(users, lake.table_path(RAW_USERS), mode="overwrite")
+    delta_io.write(datagen.products_frame(spark, 100, 5), lake.table_path(RAW_PRODUCTS))
+    run_assets(DIM_ONLY)
     before_u = reference.users(_pdf(spark, lake, RAW_USERS))
     before_p = reference.products(_pdf(spark, lake, RAW_PRODUCTS))
     refresh = datagen.refresh_dimensions(spark, lake, seed=3, fraction=0.01)
     assert sum(refresh.users) > 0 and sum(refresh.products) > 0
     v_users = delta_io.latest_version(lake.table_path(DIM_USERS))
     v_products = delta_io.latest_version(lake.table_path(DIM_PRODUCTS))
-    result = run_assets(DIMS)
+    result = run_assets(DIM_ONLY)
     after_u = reference.users(_pdf(spark, lake, RAW_USERS))
     after_p = reference.products(_pdf(spark, lake, RAW_PRODUCTS))
 
