@@ -250,7 +250,9 @@ def merge_upsert(
     non-key columns by default) are updated, so a refresh that changes 1% of
     rows commits 1% of rows and the Change Data Feed holds exactly those.
     ``delete_missing`` deletes target rows absent from ``source``. Creates the
-    table (version 0) when it does not exist.
+    table (version 0) when it does not exist. When nothing would change, no
+    version is committed (an empty MERGE would otherwise wake every sensor and
+    broadcast an empty element).
     """
     from delta.tables import DeltaTable
 
@@ -264,6 +266,16 @@ def merge_upsert(
     cols = [c for c in (compare_columns or source.columns) if c not in keys]
     on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     changed = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in cols) or "false"
+    target = read(spark, path)
+    probe = source.alias("s").join(
+        target.alias("t"), [source[k] == target[k] for k in keys],
+        "full_outer" if delete_missing else "left_outer",
+    )
+    missing_t = " AND ".join(f"t.`{k}` IS NULL" for k in keys)
+    missing_s = " AND ".join(f"s.`{k}` IS NULL" for k in keys)
+    differs = f"({missing_t}) OR ({missing_s}) OR ({changed})"
+    if probe.where(differs).limit(1).count() == 0:
+        return MergeResult(current, 0, 0, 0)
     merge = (
         DeltaTable.forPath(spark, path)
         .alias("t")

@@ -70,6 +70,7 @@ def test_merge_without_changes_commits_nothing_new(spark, lake):
     assert first.created and first.inserted == 2
     again = delta_io.merge_upsert(spark, _frame(spark, rows), path, keys=["id"])
     assert again.changed == 0
+    assert again.version == first.version == delta_io.latest_version(path)  # no empty commit
     assert delta_io.read_changes(spark, path, again.version, again.version).filter(
         "_change_type != 'insert' OR _commit_version > 0"
     ).count() == 0
