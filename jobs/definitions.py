@@ -9,10 +9,12 @@ from dagster import (
     define_asset_job,
     in_process_executor,
 )
-from lakecast.tables import USER_SEGMENTS
 
 from assets import BATCH_ASSETS, BATCH_CHECKS, DAILY_PARTITIONS
 from assets.resources import LakecastSparkResource, LakeResource
+from jobs.microbatch import enrichment_microbatch, enrichment_microbatch_assets
+from jobs.sensors import broadcast_versions_sensor
+from lakecast.tables import USER_SEGMENTS
 
 daily_segment_refresh_job = define_asset_job(
     "daily_segment_refresh_job",
@@ -33,10 +35,11 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
 # instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
     executor=in_process_executor,
-    assets=BATCH_ASSETS,
+    assets=[*BATCH_ASSETS, enrichment_microbatch_assets],
     asset_checks=BATCH_CHECKS,
-    jobs=[daily_segment_refresh_job],
+    jobs=[daily_segment_refresh_job, enrichment_microbatch],
     schedules=[daily_segment_refresh],
+    sensors=[broadcast_versions_sensor],
     resources={
         "pyspark": LakecastSparkResource(),
         "lake": LakeResource(),

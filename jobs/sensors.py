@@ -9,7 +9,6 @@ A run of the job still queued or in progress: skip without advancing the cursor
 (the instance's tag concurrency limit of 1 also guarantees no overlap).
 """
 
-from __future__ import annotations
 
 import hashlib
 import json
