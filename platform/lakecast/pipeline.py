@@ -65,6 +65,10 @@ def _crash_point(point: str, batch_id: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class ConcurrentRunError(LakecastError):
+    """Another process planned the same batch differently: only one may run it."""
+
+
 class ReconciliationError(LakecastError):
     """A batch's output counts do not add up to its input count."""
 
@@ -168,6 +172,14 @@ class MicroBatchPipeline:
         t0 = time.perf_counter()
         if not redone:
             self.log.write_plan(plan)
+            logged = self.log.pending()
+            if logged is None or (logged.events_start, logged.events_end,
+                                  logged.broadcast_versions) != (
+                    plan.events_start, plan.events_end, plan.broadcast_versions):
+                raise ConcurrentRunError(
+                    f"{self.spec.name}: batch {plan.batch_id} was planned by another process "
+                    f"({logged}); only one run of a pipeline may be active at a time"
+                )
         _crash_point("planned", plan.batch_id)
         events = self.read_events(plan)
         rejected = None

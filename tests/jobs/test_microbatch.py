@@ -142,3 +142,19 @@ def test_counts_must_reconcile(spark, lake):
     total = sum(delta_io.read(spark, lake.table_path(t)).count()
                 for t in (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED))
     assert total == 21
+
+
+def test_a_second_process_planning_the_same_batch_is_refused(spark, lake):
+    from lakecast.pipeline import ConcurrentRunError
+    from lakecast.progress import BatchPlan
+
+    ml.build(spark, lake)
+    ml.write_events(spark, lake, ml.events(0, 10, seed=6))
+    other = build_pipeline(spark, lake)
+    # another process already logged batch 0 with a different plan (an older events version)
+    other.log.write_plan(BatchPlan(0, -1, 0, {"dim_products": 0}))
+    ml.write_events(spark, lake, ml.events(100, 10, seed=7))
+    mine = build_pipeline(spark, lake)
+    with pytest.raises(ConcurrentRunError, match="planned by another process"):
+        mine.run_batch(BatchPlan(0, -1, 1, {"dim_products": 0}))
+    assert delta_io.latest_version(lake.table_path(ENRICHED_EVENTS)) is None
