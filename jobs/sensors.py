@@ -52,7 +52,7 @@ def run_key_for(versions: dict[str, int | None]) -> str:
 @sensor(
     job=enrichment_microbatch,
     minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-    default_status=DefaultSensorStatus.STOPPED,
+    default_status=DefaultSensorStatus.RUNNING,
     description="Requests one enrichment micro-batch when the events or broadcast tables "
     "commit a new Delta version.",
 )
