@@ -30,11 +30,20 @@ from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.config import Settings, get_settings
 from lakecast.pipeline import BatchResult, MicroBatchPipeline, PipelineSpec
-from lakecast.runtime import BroadcastRuntime
+from lakecast.snapshot_runtime import (
+    Checkpointer,
+    SnapshottingRuntime,
+    progress_path,
+    snapshot_path,
+)
+from lakecast.snapshots import SnapshotStore
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lakecast.progress import BatchPlan
+    from lakecast.runtime import BroadcastResult
 
 ENRICHED_EVENTS = "enriched_events"
 ENRICHMENT_UNMATCHED = "enrichment_unmatched"
@@ -52,23 +61,51 @@ ENRICHMENT = PipelineSpec(
 
 
 def build_pipeline(
-    spark: "SparkSession", settings: Settings, max_versions_per_batch: int | None = None
+    spark: "SparkSession",
+    settings: Settings,
+    max_versions_per_batch: int | None = None,
+    *,
+    parallelism: int | None = None,
+    checkpoint_every: int | None = 1,
+    keep_checkpoints: int | None = 10,
+    function_id: str = "storefront-enrichment",
 ) -> MicroBatchPipeline:
-    """The enrichment pipeline over the lake of ``settings``."""
+    """The enrichment pipeline over the lake of ``settings``.
+
+    ``parallelism``: tasks per batch (events are repartitioned; default: as read) and per
+    checkpoint. ``checkpoint_every``: checkpoint the broadcast state every N committed
+    batches (``None``: never); ``keep_checkpoints``: retention. A cold start restores the
+    state from the newest complete checkpoint (see ``docs/snapshots.md``).
+    """
     tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
-    runtime = BroadcastRuntime(
-        spark, StorefrontEnrichment(), tables, timestamp_column="event_ts",
-        function_id="storefront-enrichment",
+    store = SnapshotStore(spark, snapshot_path(settings, ENRICHMENT.name), ENRICHMENT.name)
+    runtime = SnapshottingRuntime(
+        spark, StorefrontEnrichment(), tables, store, parallelism=parallelism,
+        timestamp_column="event_ts", function_id=function_id,
     )
     spec = replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch)
-    return MicroBatchPipeline(
+
+    def process(events: "DataFrame", plan: "BatchPlan") -> "BroadcastResult":
+        if parallelism:
+            events = events.repartition(parallelism)
+        return runtime.process(events, until=plan.broadcast_versions)
+
+    pipeline = MicroBatchPipeline(
         spark,
         spec,
         table_path=settings.table_path,
-        progress_path=settings.checkpoint_path(f"{ENRICHMENT.name}/progress"),
-        processor=lambda events, plan: runtime.process(events, until=plan.broadcast_versions),
+        progress_path=progress_path(settings, ENRICHMENT.name),
+        processor=process,
         validator=validate_events,
     )
+    checkpointer = Checkpointer(runtime, pipeline.log, every=checkpoint_every or 1,
+                                keep=keep_checkpoints)
+    if checkpoint_every:
+        pipeline.on_commit = checkpointer
+    pipeline.on_rewind = checkpointer.on_rewind
+    pipeline.runtime = runtime  # type: ignore[attr-defined]
+    pipeline.checkpointer = checkpointer  # type: ignore[attr-defined]
+    return pipeline
 
 
 def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
@@ -154,10 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batches", type=int, default=None)
     parser.add_argument("--max-versions-per-batch", type=int, default=None,
                         help="cap the events versions one batch reads")
+    parser.add_argument("--parallelism", type=int, default=None,
+                        help="tasks per batch and per checkpoint (a restart may change it)")
+    parser.add_argument("--checkpoint-every", type=int, default=1,
+                        help="checkpoint the broadcast state every N batches (0: never)")
+    parser.add_argument("--keep-checkpoints", type=int, default=10)
     args = parser.parse_args(argv)
     settings = get_settings()
     spark = get_spark(app_name="lakecast-microbatch")
-    pipeline = build_pipeline(spark, settings, args.max_versions_per_batch)
+    pipeline = build_pipeline(spark, settings, args.max_versions_per_batch,
+                              parallelism=args.parallelism,
+                              checkpoint_every=args.checkpoint_every or None,
+                              keep_checkpoints=args.keep_checkpoints)
     results = pipeline.run(
         max_batches=args.max_batches,
         on_batch=lambda r: print(f"batch {r.plan.batch_id}: {r.counts}", flush=True),

@@ -353,3 +353,41 @@ def retry_on_conflict(fn: Callable[[], T], attempts: int = 5, backoff_s: float =
                 raise
             time.sleep(backoff_s * attempt)
     raise AssertionError("unreachable")
+
+
+def txn_versions(path: str, app_id: str, spark: SparkSession | None = None) -> dict[int, int]:
+    """``{txnVersion: Delta version}`` of the commits that carry a ``txn`` action of
+    ``app_id`` (the idempotent writes of :func:`write` with ``txn=``), read from the log."""
+    out: dict[int, int] = {}
+    for name in _log_names(path, spark):
+        m = _COMMIT.match(name)
+        if not m:
+            continue
+        for line in _read_log_file(path, name, spark).splitlines():
+            if '"txn"' not in line:
+                continue
+            txn = json.loads(line).get("txn")
+            if txn and txn.get("appId") == app_id:
+                out[int(txn["version"])] = int(m.group(1))
+    return out
+
+
+def delete(spark: SparkSession, path: str, predicate: str) -> int:
+    """Delete the rows matching ``predicate`` (one atomic commit); returns the version now
+    current (unchanged when nothing matched)."""
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, path).delete(predicate)
+    version = latest_version(path, spark)
+    assert version is not None
+    return version
+
+
+def restore_version(spark: SparkSession, path: str, version: int) -> int:
+    """Delta ``RESTORE`` the table to ``version`` (a new commit; history is kept)."""
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, path).restoreToVersion(version)
+    current = latest_version(path, spark)
+    assert current is not None
+    return current

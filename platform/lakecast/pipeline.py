@@ -19,7 +19,14 @@ since the last committed batch, as one or more batches:
    rejected, or the batch fails with nothing written;
 6. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
    = (pipeline:output, batch id), so a retry never writes twice;
-7. **commit** the counts.
+7. **commit** the counts and every output table's version (so a rewind can roll the
+   outputs back to any committed batch), then call ``on_commit`` (e.g. checkpoint the
+   broadcast state, :mod:`lakecast.snapshot_runtime`).
+
+:func:`rewind` goes back to a checkpointed batch: a ``restore`` row in the progress log,
+then every output table is rolled back (Delta ``RESTORE``) to its version at that batch;
+processing resumes from the batch's offsets with fresh batch ids (so the idempotent
+writes of the redone events are never mistaken for the abandoned ones).
 """
 
 from __future__ import annotations
@@ -67,6 +74,10 @@ def _crash_point(point: str, batch_id: int) -> None:
 
 class ConcurrentRunError(LakecastError):
     """Another process planned the same batch differently: only one may run it."""
+
+
+OnCommit = Callable[[BatchPlan, "BatchResult"], None]
+"""Called after a batch committed (e.g. to checkpoint the broadcast state)."""
 
 
 class ReconciliationError(LakecastError):
@@ -117,6 +128,8 @@ class MicroBatchPipeline:
         progress_path: str,
         processor: Processor,
         validator: Validator | None = None,
+        on_commit: OnCommit | None = None,
+        on_rewind: Callable[[BatchPlan], None] | None = None,
     ) -> None:
         self.spark = spark
         self.spec = spec
@@ -124,6 +137,23 @@ class MicroBatchPipeline:
         self.log = ProgressLog(spark, progress_path, spec.name)
         self.processor = processor
         self.validator = validator
+        self.on_commit = on_commit
+        self.on_rewind = on_rewind
+
+    @property
+    def output_tables(self) -> list[str]:
+        """Every table the pipeline writes (main, side outputs, rejected)."""
+        tables = [self.spec.output_table, *self.spec.side_outputs.values()]
+        if self.spec.rejected_table:
+            tables.append(self.spec.rejected_table)
+        return tables
+
+    def output_versions(self) -> dict[str, int]:
+        out = {}
+        for t in self.output_tables:
+            v = delta_io.latest_version(self.table_path(t), self.spark)
+            out[t] = -1 if v is None else v
+        return out
 
     # -- planning -------------------------------------------------------------
 
@@ -139,7 +169,8 @@ class MicroBatchPipeline:
 
     def next_plan(self) -> tuple[BatchPlan | None, bool]:
         """The batch to run next and whether it redoes a crashed one; ``None`` if idle."""
-        pending, last, _ = self.log.position()
+        plans, commits = self.log.state()
+        pending, last, _ = ProgressLog.position_of(plans, commits)
         if pending is not None:
             return pending, True
         events_end, bvs = self.current_versions()
@@ -148,7 +179,7 @@ class MicroBatchPipeline:
             return None, False
         if self.spec.max_versions_per_batch:
             events_end = min(events_end, start + self.spec.max_versions_per_batch)
-        batch_id = last.batch_id + 1 if last else 0
+        batch_id = max(p.batch_id for p in plans) + 1 if plans else 0
         return BatchPlan(batch_id, start, events_end, bvs), False
 
     # -- one batch ------------------------------------------------------------
@@ -228,8 +259,9 @@ class MicroBatchPipeline:
             result.unpersist()
             checked.unpersist()
         _crash_point("outputs_written", plan.batch_id)
-        self.log.write_commit(BatchCommit(plan.batch_id, counts))
-        return BatchResult(
+        self.log.write_commit(BatchCommit(plan.batch_id, counts,
+                                          output_versions=self.output_versions()))
+        batch = BatchResult(
             plan, counts, time.perf_counter() - t0, redone,
             state_version=dict(result.state_version),
             broadcast_elements=len(result.new_elements),
@@ -238,6 +270,9 @@ class MicroBatchPipeline:
             parallelism=metrics.parallelism,
             updates_applied=metrics.broadcast_updates_applied,
         )
+        if self.on_commit is not None:
+            self.on_commit(plan, batch)
+        return batch
 
     def _write(self, df: DataFrame, table: str, output: str, plan: BatchPlan) -> None:
         delta_io.write(
@@ -271,8 +306,70 @@ class MicroBatchPipeline:
             plan, redone = self.next_plan()
             if plan is None:
                 break
+            if plan.is_restore:  # a rewind interrupted before its rollback finished
+                finish_rewind(self.spark, self.log, self.table_path, plan)
+                if self.on_rewind is not None:
+                    self.on_rewind(plan)
+                continue
             result = self.run_batch(plan, redone)
             results.append(result)
             if on_batch is not None:
                 on_batch(result)
         return results
+
+
+# --------------------------------------------------------------------------- rewinds
+def rewind(
+    spark: SparkSession,
+    log: ProgressLog,
+    table_path: Callable[[str], str],
+    batch_id: int,
+    broadcast_versions: Mapping[str, int] | None = None,
+) -> BatchPlan:
+    """Go back to just after committed batch ``batch_id`` (a checkpoint's batch): log a
+    rewind, roll every output table back to its version at that batch, commit the rewind.
+    The next batch starts at that batch's events offset. Returns the rewind plan."""
+    plans, commits = log.state()
+    by_id = {p.batch_id: p for p in plans}
+    target = by_id.get(batch_id)
+    if target is None or batch_id not in commits or target.is_restore:
+        raise LakecastError(f"batch {batch_id} is not a committed batch of {log.pipeline}; "
+                            f"committed: {sorted(b for b in commits if not by_id[b].is_restore)}")
+    if batch_id in log.abandoned():
+        raise LakecastError(f"batch {batch_id} was abandoned by an earlier rewind")
+    at = commits[batch_id].output_versions
+    if not at:
+        raise LakecastError(f"batch {batch_id} was committed without output versions (an "
+                            "older progress log): cannot roll the outputs back to it")
+    tables = set(at)
+    for c in commits.values():
+        tables |= set(c.output_versions)
+    plan = BatchPlan(
+        max(by_id) + 1, target.events_start, target.events_end,
+        dict(broadcast_versions or target.broadcast_versions),
+        restore_of=batch_id, rollback_to={t: at.get(t, -1) for t in sorted(tables)},
+    )
+    log.write_plan(plan)
+    finish_rewind(spark, log, table_path, plan)
+    return plan
+
+
+def finish_rewind(spark: SparkSession, log: ProgressLog, table_path: Callable[[str], str],
+                  plan: BatchPlan) -> None:
+    """Roll the outputs back to ``plan.rollback_to`` (idempotent) and commit the rewind."""
+    assert plan.rollback_to is not None
+    now = {}
+    for table, version in sorted(plan.rollback_to.items()):
+        path = table_path(table)
+        current = delta_io.latest_version(path, spark)
+        if current is None:
+            continue
+        if version < 0:
+            if delta_io.read(spark, path).limit(1).count():
+                delta_io.delete(spark, path, "true")
+        elif current != version:
+            delta_io.restore_version(spark, path, version)
+        now[table] = delta_io.latest_version(path, spark)
+    log.write_commit(BatchCommit(plan.batch_id, {"rewind_to_batch": int(plan.restore_of or 0)},
+                                 output_versions={t: v for t, v in now.items()
+                                                  if v is not None}))

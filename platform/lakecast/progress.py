@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 PROGRESS_SCHEMA = (
     "batch_id LONG, kind STRING, events_start LONG, events_end LONG, "
-    "broadcast_versions STRING, counts STRING, recorded_at_ms LONG"
+    "broadcast_versions STRING, counts STRING, recorded_at_ms LONG, output_versions STRING"
 )
+PROGRESS_COLUMNS = [c.strip().split()[0] for c in PROGRESS_SCHEMA.split(",")]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class BatchPlan:
     events_end: int
     broadcast_versions: dict[str, int]
     planned_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: a *rewind* (not a batch): go back to checkpoint ``restore_of``, rolling every output
+    #: table back to ``rollback_to`` (table -> version, -1 = empty)
+    restore_of: int | None = None
+    rollback_to: dict[str, int] | None = None
+
+    @property
+    def is_restore(self) -> bool:
+        return self.restore_of is not None
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class BatchCommit:
     batch_id: int
     counts: dict[str, int]
     committed_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: each output table's version once the batch's writes landed (-1: no table yet)
+    output_versions: dict[str, int] = field(default_factory=dict)
 
 
 class ProgressLog:
@@ -70,16 +81,22 @@ class ProgressLog:
         return [r.asDict() for r in delta_io.read(self.spark, self.path).collect()]
 
     def _append(self, row: dict[str, Any], kind: str) -> None:
+        row = {c: row.get(c) for c in PROGRESS_COLUMNS}
         df = self.spark.createDataFrame([row], PROGRESS_SCHEMA)
-        delta_io.write(df, self.path, txn=(f"{self.pipeline}-{kind}", row["batch_id"]))
+        delta_io.write(df, self.path, txn=(f"{self.pipeline}-{kind}", row["batch_id"]),
+                       merge_schema=True)
 
     def write_plan(self, plan: BatchPlan) -> None:
+        restore = plan.restore_of is not None
         self._append(
             {
-                "batch_id": plan.batch_id, "kind": "plan", "events_start": plan.events_start,
-                "events_end": plan.events_end,
+                "batch_id": plan.batch_id, "kind": "restore" if restore else "plan",
+                "events_start": plan.events_start, "events_end": plan.events_end,
                 "broadcast_versions": json.dumps(plan.broadcast_versions, sort_keys=True),
-                "counts": None, "recorded_at_ms": plan.planned_at_ms,
+                "counts": json.dumps({"checkpoint_id": plan.restore_of}) if restore else None,
+                "recorded_at_ms": plan.planned_at_ms,
+                "output_versions": json.dumps(plan.rollback_to, sort_keys=True)
+                if restore else None,
             },
             "plan",
         )
@@ -91,6 +108,7 @@ class ProgressLog:
                 "events_end": None, "broadcast_versions": None,
                 "counts": json.dumps(commit.counts, sort_keys=True),
                 "recorded_at_ms": commit.committed_at_ms,
+                "output_versions": json.dumps(commit.output_versions, sort_keys=True),
             },
             "commit",
         )
@@ -104,9 +122,17 @@ class ProgressLog:
                     r["batch_id"], r["events_start"], r["events_end"],
                     json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
                 )
+            elif r["kind"] == "restore":
+                plans[r["batch_id"]] = BatchPlan(
+                    r["batch_id"], r["events_start"], r["events_end"],
+                    json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
+                    restore_of=json.loads(r["counts"])["checkpoint_id"],
+                    rollback_to=json.loads(r.get("output_versions") or "{}"),
+                )
             elif r["kind"] == "commit":
                 commits[r["batch_id"]] = BatchCommit(
-                    r["batch_id"], json.loads(r["counts"]), r["recorded_at_ms"]
+                    r["batch_id"], json.loads(r["counts"]), r["recorded_at_ms"],
+                    json.loads(r.get("output_versions") or "{}"),
                 )
         return [plans[b] for b in sorted(plans)], commits
 
@@ -119,8 +145,19 @@ class ProgressLog:
         return self.position()[0]
 
     def position(self) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
-        """(pending plan, last committed plan, its commit) from one read of the log."""
-        plans, commits = self.state()
+        """(pending plan, last committed plan, its commit) from one read of the log.
+
+        After a rewind (a ``restore`` row), only the rewind and later rows count: the
+        batches it abandoned are neither pending nor the position."""
+        return self.position_of(*self.state())
+
+    @staticmethod
+    def position_of(plans: list[BatchPlan], commits: dict[int, BatchCommit]
+                    ) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
+        """:meth:`position` of already read log rows."""
+        rewinds = [p for p in plans if p.is_restore]
+        if rewinds:
+            plans = [p for p in plans if p.batch_id >= rewinds[-1].batch_id]
         done = [p for p in plans if p.batch_id in commits]
         open_ = [p for p in plans if p.batch_id not in commits]
         last = done[-1] if done else None
@@ -129,6 +166,16 @@ class ProgressLog:
             last,
             commits[last.batch_id] if last else None,
         )
+
+    def abandoned(self) -> set[int]:
+        """Batch ids abandoned by rewinds (between a restored checkpoint and its rewind):
+        their checkpoints are not part of the current history."""
+        plans, _ = self.state()
+        out: set[int] = set()
+        for r in (p for p in plans if p.is_restore):
+            assert r.restore_of is not None
+            out |= {p.batch_id for p in plans if r.restore_of < p.batch_id < r.batch_id}
+        return out
 
     @staticmethod
     def as_dict(obj: BatchPlan | BatchCommit) -> dict[str, Any]:
