@@ -72,6 +72,10 @@ def _crash_point(point: str, batch_id: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class AppendOnlyError(LakecastError):
+    """The events table was rewritten (deletes/updates) inside a batch's range."""
+
+
 class ConcurrentRunError(LakecastError):
     """Another process planned the same batch differently: only one may run it."""
 
@@ -191,6 +195,15 @@ class MicroBatchPipeline:
         if plan.events_start < 0:
             return delta_io.read(self.spark, path, version=plan.events_end)
         changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
+        rewritten = changes.filter(F.col("_change_type") != "insert").select(
+            "_commit_version").limit(1).collect()
+        if rewritten:
+            raise AppendOnlyError(
+                f"{self.spec.events_table} version {rewritten[0][0]} deletes or updates rows; "
+                f"the micro-batch reads an append-only events table (reprocessing rewritten "
+                f"events would duplicate output). Reset the pipeline's outputs and progress "
+                f"log, or append instead of overwriting."
+            )
         return changes.filter(F.col("_change_type") == "insert").drop(
             "_change_type", "_commit_version", "_commit_timestamp"
         )

@@ -158,3 +158,18 @@ def test_a_second_process_planning_the_same_batch_is_refused(spark, lake):
     with pytest.raises(ConcurrentRunError, match="planned by another process"):
         mine.run_batch(BatchPlan(0, -1, 1, {"dim_products": 0}))
     assert delta_io.latest_version(lake.table_path(ENRICHED_EVENTS)) is None
+
+
+def test_rewritten_events_table_is_a_clear_error_not_duplicates(spark, lake):
+    from lakecast.pipeline import AppendOnlyError
+    from lakecast.tables import EVENTS
+
+    ml.build(spark, lake)
+    ml.write_events(spark, lake, ml.events(0, 10, seed=8))
+    pipeline = build_pipeline(spark, lake)
+    assert len(pipeline.run()) == 1
+    events = delta_io.read(spark, lake.table_path(EVENTS))
+    delta_io.write(events, lake.table_path(EVENTS), mode="overwrite")  # a rewrite, not an append
+    with pytest.raises(AppendOnlyError, match="append-only"):
+        pipeline.run()
+    assert delta_io.read(spark, lake.table_path(ENRICHED_EVENTS)).count() < 11
