@@ -10,10 +10,10 @@ from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
 )
-from lakecast.datagen import GenSpec
 
 from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.resources import LakecastSparkResource, LakeResource
+from lakecast.datagen import GenSpec
 
 SMALL = GenSpec(scale=0.1, seed=11, days=3)
 """~200 users, ~20 products, ~5k events over 2026-01-01..2026-01-03."""

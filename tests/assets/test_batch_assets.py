@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import date
+from pathlib import Path
 
 import pandas as pd
-from dagster import AssetKey
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    EventRecordsFilter,
+)
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
 from lakecast import datagen, delta_io
+from lakecast.config import PROJECT_ROOT
 from lakecast.tables import (
     DIM_PRODUCTS,
     DIM_USERS,
@@ -16,7 +30,6 @@ from lakecast.tables import (
     RAW_USERS,
     USER_SEGMENTS,
 )
-
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 
@@ -24,6 +37,24 @@ COLUMNS = [
     "user_id", "segment", "recency_days", "frequency", "monetary", "purchases", "interests",
     "last_event_at", "tenure_days", "updated_day",
 ]  # fmt: skip
+
+
+def cli_backfill(asset: str, first: str, last: str) -> str:
+    """``dagster asset materialize --partition-range first...last`` in a subprocess with this
+    process's environment (temp lake, DAGSTER_HOME); returns the one run's id."""
+    dagster = Path(sys.executable).parent / "dagster"
+    cmd = [
+        str(dagster), "asset", "materialize", "-m", "jobs.definitions",
+        "--select", asset, "--partition-range", f"{first}...{last}",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=PROJECT_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs()
+    assert len(runs) == 1 and runs[0].status == DagsterRunStatus.SUCCESS
+    return runs[0].run_id
 
 
 def _pdf(spark, settings, name: str) -> pd.DataFrame:
@@ -54,7 +85,9 @@ def _expected_segments(expected: pd.DataFrame) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def test_assets_match_pandas_quarantine_reconciles_and_reruns_change_nothing(spark, small_lake):
+def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_nothing(
+    spark, small_lake
+):
     lake = small_lake
     dims = run_assets(DIMS)
     dim_meta = _materializations(dims, DIM_USERS)[0].metadata
@@ -77,12 +110,27 @@ def test_assets_match_pandas_quarantine_reconciles_and_reruns_change_nothing(spa
     assert dim_meta["accepted_rows"].value == len(exp_users)
     assert dim_meta["quarantined_rows"].value == int(pu["reason"].notna().sum()) > 0
 
-    # ---- three days in ONE run
-    seg = run_assets(SEGMENTS, partition_range=(SMALL.day_keys[0], SMALL.day_keys[-1]))
-    mats = _materializations(seg, USER_SEGMENTS)
-    assert sorted(m.partition for m in mats) == SMALL.day_keys
-    meta = mats[-1].metadata
+    # ---- three days in ONE run, through the Dagster CLI in a subprocess (its own Spark)
+    run_id = cli_backfill(USER_SEGMENTS, SMALL.day_keys[0], SMALL.day_keys[-1])
+    with DagsterInstance.get() as instance:  # the temp lake's DAGSTER_HOME
+        records = instance.get_event_records(
+            EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(USER_SEGMENTS))
+        )
+        assert sorted(r.partition_key for r in records) == SMALL.day_keys
+        assert {r.run_id for r in records} == {run_id}
+        meta = records[0].asset_materialization.metadata
+        checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+            [AssetCheckKey(AssetKey(USER_SEGMENTS), n)
+             for n in ("unique_non_null_keys", "segment_domain", "counts_reconcile")]
+        )  # fmt: skip
+        assert len(checks) == 3
+        for c in checks.values():
+            assert c.run_id == run_id
+            assert c.status == AssetCheckExecutionRecordStatus.SUCCEEDED
+            assert c.event.dagster_event.event_specific_data.passed
     assert meta["partitions_processed"].value == 3
+    history = delta_io.history(spark, lake.table_path(USER_SEGMENTS))
+    assert [h["operation"] for h in reversed(history)][1:] == ["MERGE", "MERGE"], "day by day"
 
     pe = reference.events(_pdf(spark, lake, EVENTS), exp_users, exp_products)
     accepted = pe[pe["reason"].isna()]
@@ -117,15 +165,20 @@ def test_assets_match_pandas_quarantine_reconciles_and_reruns_change_nothing(spa
     assert meta["input_rows"].value == meta["accepted_rows"].value + meta["quarantined_rows"].value
     assert meta["quarantined_rows"].value == len(q_events)
 
-    # ---- the same partition again, then an older one: nothing changes, nothing duplicates
+    # ---- the same partitions again (in-process, one run), then an older one after the
+    # newest: nothing changes, nothing is duplicated
     path = lake.table_path(USER_SEGMENTS)
     before = delta_io.latest_version(path)
-    for key in (SMALL.day_keys[-1], SMALL.day_keys[0]):
-        again = run_assets(SEGMENTS, partition_key=key)
-        m = _materializations(again, USER_SEGMENTS)[0].metadata
+    for kwargs in (
+        {"partition_range": (SMALL.day_keys[0], SMALL.day_keys[-1])},
+        {"partition_key": SMALL.day_keys[0]},
+    ):
+        again = run_assets(SEGMENTS, **kwargs)
+        m = _materializations(again, USER_SEGMENTS)[-1].metadata
         assert (m["rows_inserted"].value, m["rows_updated"].value, m["rows_deleted"].value) == (
             0, 0, 0,
         )  # fmt: skip
+        assert m["quarantined_rows"].value > 0
     after = delta_io.latest_version(path)
     if after > before:  # an empty MERGE commit is allowed; it must carry no change
         assert delta_io.read_changes(spark, path, before + 1, after).count() == 0
