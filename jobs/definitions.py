@@ -21,6 +21,9 @@ daily_segment_refresh_job = define_asset_job(
     selection=AssetSelection.assets(USER_SEGMENTS),
     partitions_def=DAILY_PARTITIONS,
     description="Segment users for one day (or a range, in one run) and run its checks.",
+    # Runs of this job MERGE into one table: a tag_concurrency_limits entry for this tag
+    # (limit 1) in dagster.yaml serializes `dagster job backfill`'s per-partition runs.
+    tags={"lakecast/exclusive": "user_segments"},
 )
 
 daily_segment_refresh = build_schedule_from_partitioned_job(
