@@ -14,6 +14,10 @@ from dagster import (
     AssetKey,
     asset_check,
 )
+
+from assets.common import quarantine_count
+from assets.resources import LakecastSparkResource, LakeResource
+from assets.transforms import SEGMENTS
 from lakecast import delta_io
 from lakecast.tables import (
     DIM_PRODUCTS,
@@ -23,10 +27,6 @@ from lakecast.tables import (
     RAW_USERS,
     USER_SEGMENTS,
 )
-
-from assets.common import quarantine_count
-from assets.resources import LakecastSparkResource, LakeResource
-from assets.transforms import SEGMENTS
 
 
 def _unique_keys_check(table: str, key: str) -> AssetChecksDefinition:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dagster import MetadataValue, TableColumn, TableSchema
+
 from lakecast import delta_io
 from lakecast.config import Settings
 from lakecast.tables import QUARANTINE

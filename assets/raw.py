@@ -4,11 +4,11 @@ from collections.abc import Iterator
 from datetime import date
 
 from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult, multi_asset
-from lakecast import datagen, delta_io
-from lakecast.tables import EVENTS, RAW_PRODUCTS, RAW_TABLES, RAW_USERS
 
 from assets.common import table_metadata
 from assets.resources import LakecastSparkResource, LakeResource
+from lakecast import datagen, delta_io
+from lakecast.tables import EVENTS, RAW_PRODUCTS, RAW_TABLES, RAW_USERS
 
 RAW_GROUP = "raw"
 

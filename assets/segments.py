@@ -27,14 +27,14 @@ from dagster import (
     MetadataValue,
     asset,
 )
-from lakecast import delta_io
-from lakecast.config import Settings
-from lakecast.datagen import DATA_START
-from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_SEGMENTS
 
 from assets import transforms
 from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
+from lakecast import delta_io
+from lakecast.config import Settings
+from lakecast.datagen import DATA_START
+from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_SEGMENTS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

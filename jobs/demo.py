@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from datetime import date, timedelta
 
 from dagster import (
     AssetSelection,
@@ -27,15 +28,17 @@ from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
 )
-from lakecast import datagen, delta_io
-from lakecast.config import Settings, get_settings
-from lakecast.tables import ALL_TABLES, DIM_PRODUCTS, DIM_USERS, QUARANTINE, USER_SEGMENTS
 
 from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.resources import LakecastSparkResource, LakeResource
 from assets.segments import segment_counts
+from jobs.demo_live import run_live
+from lakecast import datagen, delta_io
+from lakecast.config import Settings, get_settings
+from lakecast.tables import ALL_TABLES, DIM_PRODUCTS, DIM_USERS, QUARANTINE, USER_SEGMENTS
 
 RESOURCES = {"pyspark": LakecastSparkResource(), "lake": LakeResource()}
+RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
 def dagster_instance(settings: Settings) -> DagsterInstance:
@@ -61,6 +64,7 @@ def _run(
         instance=instance,
         resources=RESOURCES,
         tags=tags,
+        run_config=RUN_CONFIG,
     )
     failed = [e.asset_check_key for e in result.get_asset_check_evaluations() if not e.passed]
     if failed:
@@ -126,6 +130,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     materialize_segments(instance, first, last)
     print()
     print(summary(settings))
+    print()
+    next_day = (date.fromisoformat(last) + timedelta(days=1)).isoformat()
+    live = run_live(settings, instance, lambda day: materialize_segments(instance, day, day),
+                    next_day)  # fmt: skip
+    print()
+    print(f"Lakecast micro-batch - enriched events by the user_segments version that enriched "
+          f"them (v{live.segments_v1} before the daily job, v{live.segments_v2} after)")
+    print()
+    print(live.summary)
+    if live.delay_seconds is not None:
+        print(f"\ndelay from the user_segments v{live.segments_v2} commit to the first event "
+              f"enriched with it: {live.delay_seconds:.1f}s ({live.runs} sensor-triggered runs)")
     print(f"\ndone in {time.monotonic() - started:.0f}s; runs are in {settings.dagster_home} "
           "(`make ui` to browse them)")  # fmt: skip
     sys.stdout.flush()
