@@ -7,6 +7,7 @@
     lakecast flag set vip_discount 15 --disabled
     lakecast flag list
     lakecast versions                                      # newest Delta version per table
+    lakecast snapshots list | show ID | diff A B | restore ID   # broadcast state checkpoints
 
 Paths come from :mod:`lakecast.config` (``LAKECAST_LAKE_ROOT`` etc.).
 """
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_flag)
     v = sub.add_parser("versions", help="newest Delta version of every table in the lake")
     v.set_defaults(fn=cmd_versions)
+    from lakecast.snapshot_cli import add_parser as add_snapshots
+
+    add_snapshots(sub)
     return parser
 
 

@@ -336,20 +336,33 @@ class SnapshotStore:
                               txn=(self.app_id, header.checkpoint_id))
 
     # -- reading ---------------------------------------------------------------------
+    def index(self) -> tuple[list[int], list[CheckpointHeader]]:
+        """(every checkpoint id with rows, the headers), in one Spark job."""
+        if not self.exists():
+            return [], []
+        from pyspark.sql import functions as F
+
+        is_header = F.col("kind") == HEADER
+        rows = (self._df().groupBy("checkpoint_id")
+                .agg(F.max(F.when(is_header, F.col("meta"))).alias("meta"),
+                     F.max(F.when(is_header, F.col("created_at_ms"))).alias("ts"))
+                .collect())
+        ids = sorted(r[0] for r in rows)
+        headers = sorted((CheckpointHeader.from_row(r[0], r[1], r[2]) for r in rows
+                          if r[1] is not None), key=lambda h: h.checkpoint_id)
+        return ids, headers
+
     def headers(self) -> list[CheckpointHeader]:
         """Every checkpoint header, oldest first."""
-        if not self.exists():
-            return []
-        rows = (self._df().where(f"kind = '{HEADER}'")
-                .select("checkpoint_id", "meta", "created_at_ms").collect())
-        return sorted((CheckpointHeader.from_row(r[0], r[1], r[2]) for r in rows),
-                      key=lambda h: h.checkpoint_id)
+        return self.index()[1]
 
     def checkpoint_ids(self) -> list[int]:
         """Ids with any rows (including ones without a header: incomplete)."""
-        if not self.exists():
-            return []
-        return sorted(r[0] for r in self._df().select("checkpoint_id").distinct().collect())
+        return self.index()[0]
+
+    def rows(self, checkpoint_id: int) -> pa.Table:
+        """All rows of one checkpoint (one partition), as Arrow."""
+        return self._df().where(f"checkpoint_id = {int(checkpoint_id)}").toArrow()
 
     def header(self, checkpoint_id: int) -> CheckpointHeader:
         for h in self.headers():
@@ -434,8 +447,20 @@ class SnapshotStore:
 
     def _load(self, header: CheckpointHeader, p_new: int) -> RestoredCheckpoint:
         cid = header.checkpoint_id
-        manifest = self.manifest(cid)
-        problem = self.check_structure(header, manifest)
+        rows = self.rows(cid)  # one read: manifest and content
+        kind_col = rows.column("kind")
+        man = rows.filter(pc.equal(kind_col, MANIFEST))
+        manifest = [ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
+                                json.loads(r["meta"] or "{}")) for r in man.to_pylist()]
+        table = rows.filter(pc.equal(kind_col, ENTRY))
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        if table.num_rows:
+            grouped = table.group_by(["state", "content_hash"]).aggregate([("seq", "count")])
+            for r in grouped.to_pylist():
+                counts[(r["state"], r["content_hash"])] = (int(r["seq_count"]), 0)
+            table = table.take(pc.sort_indices(table, sort_keys=[
+                ("state", "ascending"), ("content_hash", "ascending"), ("seq", "ascending")]))
+        problem = self.check_structure(header, manifest, counts)
         if problem:
             raise IncompleteCheckpointError(f"checkpoint {cid} is incomplete: {problem}")
         by_task = {(m.task, m.state): m for m in manifest}
@@ -451,7 +476,6 @@ class SnapshotStore:
                         f"{prev.task} and {m.task}; refusing to restore new task {new_task} "
                         "from a diverged checkpoint")
                 needed.setdefault(s, m)
-        table = self.entries(cid)
         contents: dict[str, tuple[str, Any]] = {}
         total = 0
         for s, m in needed.items():
@@ -490,8 +514,8 @@ class SnapshotStore:
         ones are skipped for the previous complete one, each with a logged reason
         (returned in :attr:`RestoredCheckpoint.skipped`). ``None`` when none qualifies."""
         skipped: list[str] = []
-        headers = self.headers()
-        ids_with_rows = set(self.checkpoint_ids()) if headers or self.exists() else set()
+        ids, headers = self.index()
+        ids_with_rows = set(ids)
         known = {h.checkpoint_id for h in headers}
         candidates: list[tuple[int, CheckpointHeader | None]] = [
             (h.checkpoint_id, h) for h in headers] + [
@@ -606,6 +630,7 @@ class SnapshotStore:
         ids = self.checkpoint_ids()
         if len(ids) <= keep:
             return []
+        # the newest complete one is protected below
         protect = set(ids[-keep:]) | set(in_use)
         newest_complete = next((s.header.checkpoint_id for s in reversed(self.summaries())
                                 if s.complete), None)

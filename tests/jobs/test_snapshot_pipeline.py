@@ -1,69 +1,158 @@
-"""Broadcast state checkpoints of the enrichment pipeline: content, dedup, diff, restore."""
+"""Broadcast state checkpoints of the enrichment pipeline, end to end.
+
+Two lakes get the same inputs. Run A never rescales and never checkpoints. Run B
+checkpoints every batch and restarts with parallelism 2 -> 4 -> 1 (each restart is a
+cold runtime that restores from the newest complete checkpoint; the last one after a
+failed batch), then is rewound to checkpoint 1 with the CLI and rerun. After both, the
+outputs of A and B are identical: no duplicates, nothing missing.
+"""
 
 from __future__ import annotations
 
-import pandas as pd
+import os
 
-from jobs.microbatch import build_pipeline
-from lakecast import delta_io, flags
+import pandas as pd
+import pytest
+
+from jobs.microbatch import (
+    ENRICHED_EVENTS,
+    ENRICHMENT_REJECTED,
+    ENRICHMENT_UNMATCHED,
+    build_pipeline,
+)
+from lakecast import cli, delta_io, flags
+from lakecast.config import get_settings
 from lakecast.snapshot_runtime import snapshot_path
 from lakecast.snapshots import SnapshotStore
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
 from tests.jobs import microbatch_lake as ml
 
-
-def _store(spark, lake) -> SnapshotStore:
-    return SnapshotStore(spark, snapshot_path(lake, "enrichment"), "enrichment")
+OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
 
 
-def _frame(table) -> pd.DataFrame:
-    return table.to_pandas().sort_values(table.column_names[0]).reset_index(drop=True)
+def _inputs(spark, lake, step: int) -> None:
+    """The same broadcast changes and events, step by step, on any lake."""
+    if step == 0:
+        ml.build(spark, lake)
+        ml.write_events(spark, lake, ml.events(0, 30, seed=1))
+    elif step == 1:
+        segs = pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]})
+        delta_io.merge_upsert(spark, spark.createDataFrame(segs),
+                              lake.table_path(USER_SEGMENTS), keys=["user_id"])
+        flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "25")
+        ml.write_events(spark, lake, ml.events(100, 20, seed=2))
+    else:
+        segs = pd.DataFrame({"user_id": [6], "segment": ["VIP"]})
+        delta_io.merge_upsert(spark, spark.createDataFrame(segs),
+                              lake.table_path(USER_SEGMENTS), keys=["user_id"])
+        ml.write_events(spark, lake, ml.events(200, 20, seed=3))
 
 
-def test_checkpoint_per_batch_holds_the_state_once_and_diffs(spark, lake):
-    ml.build(spark, lake)
-    ml.write_events(spark, lake, ml.events(0, 30, seed=1))
-    pipeline = build_pipeline(spark, lake, parallelism=4)
-    (r0,) = pipeline.run()
-    store = _store(spark, lake)
+def _outputs(spark, lake) -> dict[str, pd.DataFrame]:
+    out = {}
+    for t in OUTPUTS:
+        df = delta_io.read(spark, lake.table_path(t)).toPandas()
+        key = "raw_record" if t == ENRICHMENT_REJECTED else "event_id"
+        if t == ENRICHMENT_REJECTED:  # records the writing batch's id (new ids after a rewind)
+            df = df.drop(columns=["batch_id"])
+        out[t] = df[sorted(df.columns)].sort_values(key).reset_index(drop=True)
+    return out
+
+
+def _assert_same(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
+    for t in OUTPUTS:
+        pd.testing.assert_frame_equal(a[t], b[t], check_dtype=False)
+    assert a[ENRICHED_EVENTS].event_id.is_unique
+
+
+def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
+        spark, lake, tmp_path, capsys):
+    lake_a = get_settings({**os.environ, "LAKECAST_LAKE_ROOT": str(tmp_path / "lake_a"),
+                           "LAKECAST_CHECKPOINT_ROOT": str(tmp_path / "cp_a")})
+    lake_b = lake
+    run_a = build_pipeline(spark, lake_a, 1, parallelism=2, checkpoint_every=None,
+                           function_id="snap-a")
+    store = SnapshotStore(spark, snapshot_path(lake_b, "enrichment"), "enrichment")
+
+    # step 0 -- B at p=2: batch 0, checkpoint 0
+    _inputs(spark, lake_a, 0)
+    _inputs(spark, lake_b, 0)
+    assert [r.plan.batch_id for r in run_a.run()] == [0]
+    b2 = build_pipeline(spark, lake_b, 1, parallelism=2, function_id="snap-b2")
+    assert [r.plan.batch_id for r in b2.run()] == [0]
     (h0,) = store.headers()
-    assert (h0.checkpoint_id, h0.batch_id, h0.events_end, h0.parallelism) == (0, 0, 0, 4)
+    assert (h0.checkpoint_id, h0.batch_id, h0.events_end, h0.parallelism) == (0, 0, 0, 2)
     assert h0.state_version == {"dim_products": 0, "feature_flags": 0, "user_segments": 0}
     manifest = store.manifest(0)
-    assert sorted({m.task for m in manifest}) == [0, 1, 2, 3]
-    for s in h0.states:  # every task holds the same content ...
+    assert sorted({m.task for m in manifest}) == [0, 1]
+    for s in h0.states:  # every task holds the same content, stored once
         assert len({m.content_hash for m in manifest if m.state == s}) == 1
-    # ... stored once: entry rows = one copy of each state
     counts = store.entry_counts(0)
-    n_one_copy = sum(m.n_entries for m in manifest if m.task == 0)
-    assert sum(c for c, _ in counts.values()) == n_one_copy == 4 + 4 + 1
-    # the checkpointed content equals the tables (independent: pandas)
-    restored = store.resolve(0, parallelism=4)
-    assert restored is not None and restored.assignment == {0: 0, 1: 1, 2: 2, 3: 3}
-    prods = _frame(restored.contents[DIM_PRODUCTS][1])
-    want = ml.products()[["product_id", "category", "price"]]
-    pd.testing.assert_frame_equal(prods, want, check_dtype=False)
-    segs = _frame(restored.contents[USER_SEGMENTS][1])
-    pd.testing.assert_frame_equal(segs, ml.segments_v1(), check_dtype=False)
-    # each checkpoint is one Delta version
+    assert sum(c for c, _ in counts.values()) == sum(
+        m.n_entries for m in manifest if m.task == 0) == 4 + 4 + 1
+    restored = store.resolve(0, parallelism=2)
+    assert restored is not None and restored.assignment == {0: 0, 1: 1}
+    prods = restored.contents[DIM_PRODUCTS][1].to_pandas().sort_values("product_id")
+    pd.testing.assert_frame_equal(prods.reset_index(drop=True),
+                                  ml.products()[["product_id", "category", "price"]],
+                                  check_dtype=False)
     assert store.delta_versions() == {0: delta_io.latest_version(store.path)}
 
-    # broadcast changes, next batch: a second checkpoint, and the diff names the keys
-    segs2 = pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]})
-    delta_io.merge_upsert(spark, spark.createDataFrame(segs2), lake.table_path(USER_SEGMENTS),
-                          keys=["user_id"])
-    flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "25")
-    ml.write_events(spark, lake, ml.events(100, 20, seed=2))
-    (r1,) = pipeline.run()
-    assert [h.checkpoint_id for h in store.headers()] == [0, 1]
-    assert store.delta_versions() == {0: 0, 1: 1}
-    d = store.diff(0, 1)
-    assert d[USER_SEGMENTS] == {"added": ["5"], "removed": [], "changed": ["1"]}
-    assert d["feature_flags"]["changed"] == ['"vip_discount"']
-    assert d[DIM_PRODUCTS] == {"added": [], "removed": [], "changed": []}
-    # time travel reaches the first checkpoint as it was committed
-    old = delta_io.read(spark, store.path, version=0).where("kind = 'checkpoint'").count()
-    assert old == 1
-    summ = store.summaries()
-    assert [s.complete for s in summ] == [True, True]
-    assert all(s.stored_bytes and s.stored_bytes > 0 for s in summ)
+    # step 1 -- restart at p=4 (cold): restores checkpoint 0 round-robin, batch 1
+    _inputs(spark, lake_a, 1)
+    _inputs(spark, lake_b, 1)
+    assert [r.plan.batch_id for r in run_a.run()] == [1]
+    b4 = build_pipeline(spark, lake_b, 1, parallelism=4, function_id="snap-b4")
+    (r1,) = b4.run()
+    assert r1.plan.batch_id == 1 and r1.parallelism == 4
+    rt4 = b4.runtime
+    assert rt4.restored.header.checkpoint_id == 0
+    assert rt4.restored.assignment == {0: 0, 1: 1, 2: 0, 3: 1}  # new i reads old i mod 2
+    h1 = store.header(1)
+    assert h1.parallelism == 4 and h1.state_version["user_segments"] == 1
+
+    # step 2 -- restart at p=1 whose batch 2 fails; the next restart redoes it
+    _inputs(spark, lake_a, 2)
+    _inputs(spark, lake_b, 2)
+    assert [r.plan.batch_id for r in run_a.run()] == [2]
+    b1 = build_pipeline(spark, lake_b, 1, parallelism=1, function_id="snap-b1")
+
+    def broken(events, plan):
+        raise RuntimeError("executor lost")
+
+    b1.processor = broken
+    with pytest.raises(RuntimeError, match="executor lost"):
+        b1.run()
+    b1 = build_pipeline(spark, lake_b, 1, parallelism=1, function_id="snap-b1b")
+    (r2,) = b1.run()
+    assert r2.redone and r2.plan.batch_id == 2
+    assert b1.runtime.restored.header.checkpoint_id == 1
+    assert b1.runtime.restored.assignment == {0: 0}
+    want = _outputs(spark, lake_a)
+    _assert_same(_outputs(spark, lake_b), want)
+
+    # the CLI: list, show, diff
+    assert cli.main(["snapshots", "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("complete") == 3 and '"user_segments": 2' in out
+    assert cli.main(["snapshots", "show", "1", "--state", USER_SEGMENTS]) == 0
+    out = capsys.readouterr().out
+    assert "5 entries" in out and '"segment": "CHURNING"' in out
+    assert cli.main(["snapshots", "diff", "0", "1"]) == 0
+    out = capsys.readouterr().out
+    seg_line = next(line for line in out.splitlines() if line.startswith(USER_SEGMENTS))
+    assert seg_line.split()[1:4] == ["1", "0", "1"] and "+5" in seg_line and "~1" in seg_line
+    assert cli.main(["snapshots", "show", "9"]) == 2
+    assert "no checkpoint 9" in capsys.readouterr().err
+
+    # rewind to checkpoint 1: batch 2's outputs are rolled back, then redone once
+    assert cli.main(["snapshots", "restore", "1"]) == 0
+    assert "rewound to after batch 1" in capsys.readouterr().out
+    enriched = delta_io.read(spark, lake_b.table_path(ENRICHED_EVENTS)).toPandas()
+    assert enriched.event_id.max() < 200  # batch 2's events are gone
+    again = build_pipeline(spark, lake_b, 1, parallelism=2, function_id="snap-b2b")
+    (r3,) = again.run()
+    assert r3.plan.batch_id == 4 and r3.plan.events_start == 1  # after the rewind row (3)
+    assert again.runtime.restored.header.checkpoint_id == 1  # not the abandoned 2
+    _assert_same(_outputs(spark, lake_b), want)
+    assert again.run() == []

@@ -1,0 +1,136 @@
+"""Benchmark: broadcast state checkpoints in Delta — bytes, restore and rescale times.
+
+    .venv/bin/python -m benchmarks.snapshots [--entries 1000000] [--p 4] [--name snapshots]
+
+One table-shaped broadcast state of ``--entries`` rows (``item_id`` -> category, price),
+held by ``--p`` tasks:
+
+* **bytes per checkpoint**: what the checkpoint's Delta commit wrote (content stored once
+  by hash + per-task manifest) vs ``p x state size`` (the serialized state of one task
+  times p), and vs an actual Flink-style layout (every task's copy written: the same
+  entry rows p times, one per task index) measured as a Delta write too;
+* **checkpoint** time (p tasks hash their state, one copy written);
+* **restore** time: a cold runtime at the same p restores from the checkpoint and runs a
+  first (tiny) batch — vs a cold start that reads the full table;
+* **rescale** time: cold runtimes at p/2 and 2p restoring the same checkpoint.
+
+Results are printed and written to ``benchmarks/results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.snapshots", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--p", type=int, default=4)
+    parser.add_argument("--name", default="snapshots")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch lake")
+    args = parser.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="lakecast-bench-snapshots-"))
+    os.environ["LAKECAST_LAKE_ROOT"] = str(root / "lake")
+    os.environ["LAKECAST_CHECKPOINT_ROOT"] = str(root / "checkpoints")
+    from pyspark.sql import functions as F
+
+    from lakecast import Lookup, delta_io, enrich
+    from lakecast.config import get_settings
+    from lakecast.snapshot_runtime import SnapshottingRuntime, snapshot_path
+    from lakecast.snapshots import SnapshotStore
+    from lakecast.spark import get_spark
+
+    settings = get_settings()
+    spark = get_spark(app_name="lakecast-bench-snapshots")
+    p, n = args.p, args.entries
+    items = settings.table_path("items")
+    delta_io.write(spark.range(n).select(
+        F.col("id").alias("item_id"),
+        F.element_at(F.array(*[F.lit(c) for c in ("books", "toys", "home", "music")]),
+                     (F.col("id") % 4 + 1).cast("int")).alias("category"),
+        (F.col("id") % 1000 * 0.25).alias("price")), items, mode="overwrite")
+    events = spark.range(0, 4000, 1, p).select(
+        F.col("id").alias("event_id"), (F.col("id") * 7919 % n).alias("item_id"))
+    store = SnapshotStore(spark, snapshot_path(settings, "bench"), "bench")
+
+    def function() -> Any:
+        return enrich(Lookup("items", key="item_id", columns=["category", "price"]))
+
+    def runtime(par: int, restore: bool = True) -> SnapshottingRuntime:
+        return SnapshottingRuntime(spark, function(), {"items": items}, store,
+                                   parallelism=par, restore=restore,
+                                   function_id=f"bench-{uuid.uuid4().hex[:8]}")
+
+    def first_batch(rt: SnapshottingRuntime, par: int) -> int:
+        return rt.process(events.repartition(par)).main.count()
+
+    out: dict[str, Any] = {"entries": n, "p": p, "cpus": os.cpu_count()}
+    # cold start from the full table (the baseline), then the checkpoint
+    rt = runtime(p, restore=False)
+    out["cold_start_full_table_s"], rows = _timed(lambda: first_batch(rt, p))
+    assert rows == 4000
+    out["checkpoint_s"], cp = _timed(
+        lambda: rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0))
+    out["stored_bytes"] = cp.stored_bytes
+    out["state_bytes_serialized"] = cp.state_bytes
+    out["p_x_state_bytes"] = cp.flink_bytes
+    out["task_state_bytes_in_memory"] = max(int(m.meta["state_bytes"]) for m in cp.manifest)
+    out["worker_processes"] = len(cp.pids)
+    # a Flink-style checkpoint: every task's copy written (same rows, one per task index)
+    naive_path = str(root / "naive")
+    entries = delta_io.read(spark, store.path).where("kind = 'entry'")
+    copies = entries.crossJoin(spark.range(p).select(F.col("id").cast("int").alias("t"))) \
+        .withColumn("task", F.col("t")).drop("t")
+    out["flink_style_write_s"], v = _timed(lambda: delta_io.write(copies, naive_path))
+    out["flink_style_stored_bytes"] = int(
+        delta_io.commit_info(naive_path, v).metrics.get("numOutputBytes", 0))
+    out["stored_vs_p_x_state"] = round(out["stored_bytes"] / max(out["p_x_state_bytes"], 1), 4)
+    out["stored_vs_flink_style"] = round(
+        out["stored_bytes"] / max(out["flink_style_stored_bytes"], 1), 4)
+    # restore (same p) and rescale (p/2, 2p): cold runtimes to their first batch
+    for label, par in (("restore", p), ("rescale_down", max(1, p // 2)), ("rescale_up", 2 * p)):
+        rt2 = runtime(par)
+        t_driver, _ = _timed(lambda rt2=rt2: rt2.refresh())
+        t_tasks, rows = _timed(lambda rt2=rt2, par=par: first_batch(rt2, par))
+        assert rows == 4000 and rt2.restored is not None
+        out[f"{label}_p"] = par
+        out[f"{label}_driver_s"] = round(t_driver, 3)  # read + verify + decode + broadcast
+        out[f"{label}_first_batch_s"] = round(t_tasks, 3)  # tasks load the state + process
+        out[f"{label}_total_s"] = round(t_driver + t_tasks, 3)
+        rt2.close()
+    for k, val in list(out.items()):
+        if isinstance(val, float):
+            out[k] = round(val, 3)
+    RESULTS.mkdir(exist_ok=True)
+    target = RESULTS / f"{args.name}.json"
+    target.write_text(json.dumps(out, indent=2, sort_keys=True))
+    width = max(len(k) for k in out)
+    for k in sorted(out):
+        print(f"{k:<{width}}  {out[k]}")
+    print(f"-> {target}")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Broadcast state snapshots: canonical form, divergence, corrupt checkpoints, restore,
+retention — on the runtime directly (real Spark + Delta, small tables)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from lakecast import BroadcastProcessFunction, MapStateDescriptor, cli, delta_io
+from lakecast.snapshot_runtime import SnapshottingRuntime, snapshot_path
+from lakecast.snapshots import (
+    CheckpointDivergenceError,
+    SnapshotStore,
+    deserialize_state,
+    load_into,
+    rescale_assignment,
+    serialize_state,
+)
+from lakecast.source import BroadcastElement
+from lakecast.state import DictMapState, TableMapState
+
+RULES = MapStateDescriptor("rules", int, dict, key_columns=("rule_id",))
+HISTORY = MapStateDescriptor("history", str, list)
+
+
+class RulesWithHistory(BroadcastProcessFunction):
+    """A table state mirroring ``rules`` plus a *derived* dict state (every version it
+    applied), which a rebuild from the full table could not reproduce."""
+
+    def state_descriptors(self):
+        return [RULES, HISTORY]
+
+    def output_schema(self, input_schema):
+        return pa.schema([*input_schema, ("threshold", pa.float64()), ("seen", pa.string())])
+
+    def process_broadcast_element(self, value: BroadcastElement, ctx):
+        ctx.get_broadcast_state(RULES).apply(value)
+        hist = ctx.get_broadcast_state(HISTORY)
+        hist.put("versions", [*hist.get("versions", []), value.version])
+
+    def process_element(self, value, ctx):
+        rule = ctx.get_broadcast_state(RULES).get(value["rule_id"])
+        seen = ctx.get_broadcast_state(HISTORY).get("versions", [])
+        yield {**value, "threshold": rule["threshold"] if rule else None,
+               "seen": ",".join(map(str, seen))}
+
+
+class NonDeterministic(RulesWithHistory):
+    """Puts a random nonce into the state: every worker ends with a different state."""
+
+    def process_broadcast_element(self, value, ctx):
+        super().process_broadcast_element(value, ctx)
+        ctx.get_broadcast_state(HISTORY).put("nonce", uuid.uuid4().hex)
+
+
+# --------------------------------------------------------------------------- no Spark
+def test_canonical_form_is_order_independent_and_round_trips():
+    a, b = DictMapState(HISTORY), DictMapState(HISTORY)
+    a.put("x", {"k": 1, "j": {3, 1, 2}})
+    a.put("y", [1, (2, 3)])
+    b.put("y", [1, (2, 3)])
+    b.put("x", {"j": {2, 3, 1}, "k": 1})
+    sa, sb = serialize_state("history", a), serialize_state("history", b)
+    assert sa.digest == sb.digest and sa.keys == ['"x"', '"y"']
+    c = DictMapState(HISTORY)
+    load_into(c, "dict", deserialize_state("dict", sa.values, None))
+    assert c.get("x") == {"k": 1, "j": frozenset({1, 2, 3})} and c.get("y")[1] == (2, 3)
+    assert serialize_state("history", c).digest == sa.digest
+
+    rows = pa.table({"rule_id": [3, 1, 2], "threshold": [0.3, 0.1, 0.2]})
+    t1, t2 = TableMapState(RULES), TableMapState(RULES)
+    t1.put_table(rows, replace=True)  # one base
+    t2.put_table(rows.slice(0, 1), replace=True)  # base + overlay, another row order
+    t2.put_table(rows.slice(1))
+    s1, s2 = serialize_state("rules", t1), serialize_state("rules", t2)
+    assert s1.digest == s2.digest and s1.keys == ["1", "2", "3"]
+    t3 = TableMapState(RULES)
+    load_into(t3, "table", deserialize_state("table", s1.values, s1.schema_b64))
+    assert t3.to_arrow().sort_by("rule_id").equals(rows.sort_by("rule_id"))
+    t3.put(2, {"rule_id": 2, "threshold": 0.25})
+    assert serialize_state("rules", t3).digest != s1.digest
+
+
+def test_rescale_assignment_is_flinks_round_robin():
+    assert rescale_assignment(2, 4) == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert rescale_assignment(4, 1) == {0: 0}
+    assert rescale_assignment(3, 3) == {0: 0, 1: 1, 2: 2}
+    assert rescale_assignment(3, 5) == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1}
+
+
+# --------------------------------------------------------------------------- Spark
+def _rules(spark, path, rows):
+    df = spark.createDataFrame(rows, "rule_id LONG, threshold DOUBLE")
+    if delta_io.latest_version(path) is None:
+        return delta_io.write(df, path)
+    return delta_io.merge_upsert(spark, df, path, keys=["rule_id"]).version
+
+
+def _events(spark, p):
+    return spark.createDataFrame([(i, 1 + i % 3) for i in range(12)],
+                                 "event_id LONG, rule_id LONG").repartition(p)
+
+
+def test_non_deterministic_function_fails_the_checkpoint_naming_state_and_tasks(spark, lake):
+    path = lake.table_path("rules")
+    _rules(spark, path, [(1, 0.1), (2, 0.2)])
+    store = SnapshotStore(spark, snapshot_path(lake, "nd"), "nd")
+    rt = SnapshottingRuntime(spark, NonDeterministic(), {"rules": path}, store, parallelism=4)
+    assert rt.process(_events(spark, 4)).main.count() == 12
+    with pytest.raises(CheckpointDivergenceError) as err:
+        rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0)
+    msg = str(err.value)
+    assert err.value.state == "history" and "'history' differs across tasks" in msg
+    tasks = sorted(t for ts in err.value.by_hash.values() for t in ts)
+    assert tasks == [0, 1, 2, 3] and len(err.value.by_hash) >= 2 and "tasks [" in msg
+    assert not store.exists()  # nothing written
+
+
+def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, lake, capsys):
+    path = lake.table_path("rules")
+    _rules(spark, path, [(1, 0.1), (2, 0.2), (3, 0.3)])
+    store = SnapshotStore(spark, snapshot_path(lake, "rules"), "rules")
+    rt = SnapshottingRuntime(spark, RulesWithHistory(), {"rules": path}, store,
+                             parallelism=2, function_id=f"rules-{uuid.uuid4().hex[:6]}")
+    rt.process(_events(spark, 2)).main.count()
+    cp0 = rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0)
+    _rules(spark, path, [(2, 0.25), (4, 0.4)])  # v1
+    rt.process(_events(spark, 2)).main.count()
+    cp1 = rt.checkpoint(1, batch_id=1, events_start=0, events_end=1)
+    cp2 = rt.checkpoint(2, batch_id=2, events_start=1, events_end=2)
+    assert cp0.stored_bytes > 0 and cp1.distinct_contents == 2  # 2 states, stored once each
+    assert [h.checkpoint_id for h in store.headers()] == [0, 1, 2]
+
+    # corrupt: checkpoint 2 loses task 1's manifest rows, checkpoint 1 a tampered value
+    delta_io.delete(spark, store.path, "checkpoint_id = 2 AND kind = 'manifest' AND task = 1")
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, store.path).update(
+        "checkpoint_id = 1 AND kind = 'entry' AND state = 'rules' AND seq = 0",
+        {"value": "X'8004'"})
+    got = store.resolve(parallelism=3)
+    assert got is not None and got.header.checkpoint_id == 0
+    assert "checkpoint 2 is incomplete: manifest rows missing for task(s) [1]" in got.skipped[0]
+    assert "checkpoint 1 is corrupt: state 'rules' content hash mismatch" in got.skipped[1]
+    assert cli.main(["snapshots", "--pipeline", "rules", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "INCOMPLETE: manifest rows missing" in out and out.count(" complete") == 2
+
+    # a cold runtime at p=3 restores checkpoint 0 (not the corrupt ones), then applies v1:
+    # its state equals the running one, derived history included (no full-table rebuild)
+    rt3 = SnapshottingRuntime(spark, RulesWithHistory(), {"rules": path}, store,
+                              parallelism=3, function_id=f"rules-{uuid.uuid4().hex[:6]}")
+    rows = rt3.process(_events(spark, 3)).main.collect()
+    assert rt3.restored.header.checkpoint_id == 0
+    assert rt3.restored.assignment == {0: 0, 1: 1, 2: 0}
+    assert {r["seen"] for r in rows} == {"0,1"}
+    assert {(r["rule_id"], r["threshold"]) for r in rows} == {(1, 0.1), (2, 0.25), (3, 0.3)}
+    want = {m.state: m.content_hash for m in cp1.manifest if m.task == 0}
+    assert {(m.task, m.state): m.content_hash for m in rt3.task_manifest(3)} == {
+        (t, s): h for t in range(3) for s, h in want.items()}
+    # pinned to checkpoint 0 at its own version: exactly checkpoint 0's state
+    rt0 = SnapshottingRuntime(spark, RulesWithHistory(), {"rules": path}, store,
+                              parallelism=2, function_id=f"rules-{uuid.uuid4().hex[:6]}")
+    rt0.restore_checkpoint_id = 0
+    rt0.refresh(until={"rules": 0})
+    assert {(m.task, m.state): m.content_hash for m in rt0.task_manifest(2)} == {
+        (m.task, m.state): m.content_hash for m in cp0.manifest}
+
+    # retention: keep the newest one, never the one in use (0, also the newest complete)
+    before = delta_io.latest_version(store.path)
+    assert store.retain(1, in_use={0}) == [1]
+    assert store.checkpoint_ids() == [0, 2]
+    old = delta_io.read(spark, store.path, version=before).where("checkpoint_id = 1").count()
+    assert old == cp2.header.parallelism * 2 + 1 + sum(
+        m.n_entries for m in cp1.manifest if m.task == 0)  # time travel still has it
