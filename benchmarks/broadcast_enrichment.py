@@ -27,11 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
 from lakecast import BroadcastRuntime, Lookup, delta_io, enrich
 from lakecast.config import get_settings
 from lakecast.spark import get_spark
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
@@ -51,7 +52,7 @@ def _segment(col: str) -> Any:
 
 # ----------------------------------------------------------------------------- scenario (a)
 def scenario_a(spark: SparkSession, root: Path, n_events: int, n_users: int, n_products: int,
-               repeats: int) -> dict[str, Any]:
+               repeats: int, lineage: bool = True) -> dict[str, Any]:
     users, products, events = (str(root / n) for n in ("a_users", "a_products", "a_events"))
     delta_io.write(spark.range(n_users).select(
         F.col("id").alias("user_id"), _segment("id").alias("segment"),
@@ -75,7 +76,8 @@ def scenario_a(spark: SparkSession, root: Path, n_events: int, n_users: int, n_p
     out_l, out_b = str(root / "a_out_lakecast"), str(root / "a_out_bhj")
 
     def lakecast() -> dict[str, Any]:
-        runtime = BroadcastRuntime(spark, fn, tables)  # a fresh runtime: cold start included
+        # a fresh runtime: cold start included
+        runtime = BroadcastRuntime(spark, fn, tables, lineage=lineage)
         result = runtime.process(delta_io.read(spark, events))
         delta_io.write(result.main, out_l, mode="overwrite")
         m = result.metrics().summary()
@@ -117,7 +119,7 @@ def scenario_a(spark: SparkSession, root: Path, n_events: int, n_users: int, n_p
 
 # ----------------------------------------------------------------------------- scenario (b)
 def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batch_events: int,
-               change_frac: float) -> dict[str, Any]:
+               change_frac: float, lineage: bool = True) -> dict[str, Any]:
     dim = str(root / "b_dim_users")
     delta_io.write(spark.range(n_dim).select(
         F.col("id").alias("user_id"), _segment("id").alias("segment"),
@@ -125,7 +127,8 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
         F.concat(F.lit("region-"), F.col("id") % 50).alias("region")), dim, mode="overwrite")
     fn = enrich(Lookup("dim_users", key="user_id", columns=["segment", "ltv", "region"],
                        defaults={"segment": "NEW"}))
-    runtime = BroadcastRuntime(spark, fn, {"dim_users": dim})
+    # a 1M-row dimension x 4 tasks is over the seeds' 100 MB budget: warned once, by design
+    runtime = BroadcastRuntime(spark, fn, {"dim_users": dim}, lineage=lineage)
     out_l, out_s = str(root / "b_out_lakecast"), str(root / "b_out_stream_static"
                                                     )
     modulus = round(1 / change_frac)
@@ -196,15 +199,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--only", choices=["a", "b"], default=None)
+    ap.add_argument("--no-lineage", action="store_true", help="drop the _state_version column")
+    ap.add_argument("--arrow-batch", type=int, default=None,
+                    help="spark.sql.execution.arrow.maxRecordsPerBatch (Spark default 10000)")
     args = ap.parse_args(argv)
     s = args.scale
     spark = get_spark(app_name="lakecast-bench")
+    if args.arrow_batch:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.arrow_batch))
+    lineage = not args.no_lineage
     settings = get_settings()
     root = settings.project_root / "var" / "bench" / args.name
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     out: dict[str, Any] = {
-        "name": args.name, "scale": s,
+        "name": args.name, "scale": s, "lineage": lineage,
+        "arrow_max_records_per_batch": spark.conf.get(
+            "spark.sql.execution.arrow.maxRecordsPerBatch"),
         "env": {"spark": spark.version, "master": spark.sparkContext.master,
                 "python": _stdlib_platform.python_version(),
                 "default_parallelism": spark.sparkContext.defaultParallelism},
@@ -212,10 +223,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     if args.only in (None, "a"):
         out["a"] = scenario_a(spark, root, int(2_000_000 * s), int(200_000 * s),
-                              max(int(10_000 * s), 10), args.repeats)
+                              max(int(10_000 * s), 10), args.repeats, lineage)
     if args.only in (None, "b"):
         out["b"] = scenario_b(spark, root, int(1_000_000 * s), args.batches,
-                              int(50_000 * s), 0.01)
+                              int(50_000 * s), 0.01, lineage)
     out["wall_seconds"] = round(time.perf_counter() - t0, 1)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{args.name}.json"

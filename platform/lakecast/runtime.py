@@ -341,7 +341,9 @@ class BroadcastRuntime:
         return read_broadcast_elements(self.spark, self.tables, {}, until)
 
     def _link(self, elements: list[BroadcastElement], version: dict[str, int]) -> ChainLink:
-        for e in elements:
+        for e in elements:  # table schemas for bind_tables: full reads are authoritative
+            if e.kind != "full" and e.table in self._schemas:
+                continue
             schema = e.rows.schema
             if CHANGE_TYPE in schema.names:
                 schema = schema.remove(schema.get_field_index(CHANGE_TYPE))

@@ -7,6 +7,7 @@ import random
 
 import pyarrow as pa
 import pytest
+
 from lakecast import (
     UNMATCHED,
     BroadcastElement,

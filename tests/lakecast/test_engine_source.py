@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pandas as pd
+from pyspark.sql import functions as F
+
 from lakecast import BroadcastTestHarness, Lookup, delta_io, enrich, read_broadcast_elements
 from lakecast.source import order_elements
-from pyspark.sql import functions as F
 
 
 def _users(spark, n, segment="REGULAR"):

@@ -9,6 +9,8 @@ import json
 import pandas as pd
 import pyarrow as pa
 import pytest
+from pyspark.sql import functions as F
+
 from lakecast import (
     UNMATCHED,
     BroadcastElement,
@@ -20,7 +22,6 @@ from lakecast import (
     delta_io,
     enrich,
 )
-from pyspark.sql import functions as F
 
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
 PRODUCTS = MapStateDescriptor("dim_products", int, dict, key_columns=("product_id",))
