@@ -165,6 +165,12 @@ def enrichment_microbatch_assets(
         context.log.info("no new events since the last committed batch")
         return
     totals = summarize(results)
+    checkpoints = pipeline.checkpointer.results  # type: ignore[attr-defined]
+    if checkpoints:
+        last = checkpoints[-1]
+        totals["last_checkpoint_id"] = last.header.checkpoint_id
+        totals["checkpoint_stored_bytes"] = last.stored_bytes
+        totals["checkpoint_p_x_state_bytes"] = last.flink_bytes
     for key, count_key in (
         (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
         (ENRICHMENT_REJECTED, "rejected"),

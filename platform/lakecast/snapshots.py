@@ -621,21 +621,24 @@ class SnapshotStore:
                         strict=True))
 
     # -- retention ---------------------------------------------------------------------
-    def retain(self, keep: int, in_use: Iterable[int] = ()) -> list[int]:
+    def retain(self, keep: int, in_use: Iterable[int] = (),
+               verified: int | None = None) -> list[int]:
         """Delete all but the newest ``keep`` checkpoints, never one in ``in_use`` nor the
-        newest complete one. One atomic Delta DELETE (older Delta versions keep them
-        reachable by time travel until VACUUM). Returns the removed ids."""
+        newest complete one (``verified``: a checkpoint id known complete, e.g. the one
+        just written; else found by full validation, newest first). One atomic Delta
+        DELETE of whole partitions; older Delta versions keep the removed checkpoints
+        reachable by time travel until VACUUM. Returns the removed ids."""
         if keep < 1:
             raise SnapshotError(f"keep must be >= 1, got {keep}")
         ids = self.checkpoint_ids()
         if len(ids) <= keep:
             return []
-        # the newest complete one is protected below
         protect = set(ids[-keep:]) | set(in_use)
-        newest_complete = next((s.header.checkpoint_id for s in reversed(self.summaries())
-                                if s.complete), None)
-        if newest_complete is not None:
-            protect.add(newest_complete)
+        if verified is None:
+            newest = self.resolve()
+            verified = newest.header.checkpoint_id if newest is not None else None
+        if verified is not None:
+            protect.add(verified)
         drop = [i for i in ids if i not in protect]
         if drop:
             delta_io.delete(self.spark, self.path,

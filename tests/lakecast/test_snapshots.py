@@ -131,6 +131,7 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
     cp1 = rt.checkpoint(1, batch_id=1, events_start=0, events_end=1)
     cp2 = rt.checkpoint(2, batch_id=2, events_start=1, events_end=2)
     assert cp0.stored_bytes > 0 and cp1.distinct_contents == 2  # 2 states, stored once each
+    assert cp2.header.state_version == cp1.header.state_version == {"rules": 1}
     assert [h.checkpoint_id for h in store.headers()] == [0, 1, 2]
 
     # corrupt: checkpoint 2 loses task 1's manifest rows, checkpoint 1 a tampered value
@@ -168,10 +169,10 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
     assert {(m.task, m.state): m.content_hash for m in rt0.task_manifest(2)} == {
         (m.task, m.state): m.content_hash for m in cp0.manifest}
 
-    # retention: keep the newest one, never the one in use (0, also the newest complete)
+    # retention: keep the newest one, never the one in use nor the newest complete (0)
     before = delta_io.latest_version(store.path)
     assert store.retain(1, in_use={0}) == [1]
     assert store.checkpoint_ids() == [0, 2]
     old = delta_io.read(spark, store.path, version=before).where("checkpoint_id = 1").count()
-    assert old == cp2.header.parallelism * 2 + 1 + sum(
+    assert old == cp1.header.parallelism * 2 + 1 + sum(
         m.n_entries for m in cp1.manifest if m.task == 0)  # time travel still has it
