@@ -499,7 +499,7 @@ class Checkpointer:
         self._last = plan.batch_id
         log.info("checkpoint %s", describe(cp))
         if self.keep:
-            self.removed += self.runtime.store.retain(self.keep, self.in_use(),
+            self.removed += self.runtime.store.retain(self.keep, self.in_use,
                                                       verified=cp.header.checkpoint_id)
 
     def on_rewind(self, plan: BatchPlan) -> None:

@@ -621,7 +621,7 @@ class SnapshotStore:
                         strict=True))
 
     # -- retention ---------------------------------------------------------------------
-    def retain(self, keep: int, in_use: Iterable[int] = (),
+    def retain(self, keep: int, in_use: Iterable[int] | Callable[[], Iterable[int]] = (),
                verified: int | None = None) -> list[int]:
         """Delete all but the newest ``keep`` checkpoints, never one in ``in_use`` nor the
         newest complete one (``verified``: a checkpoint id known complete, e.g. the one
@@ -633,7 +633,7 @@ class SnapshotStore:
         ids = self.checkpoint_ids()
         if len(ids) <= keep:
             return []
-        protect = set(ids[-keep:]) | set(in_use)
+        protect = set(ids[-keep:]) | set(in_use() if callable(in_use) else in_use)
         if verified is None:
             newest = self.resolve()
             verified = newest.header.checkpoint_id if newest is not None else None

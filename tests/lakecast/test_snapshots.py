@@ -176,3 +176,14 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
     old = delta_io.read(spark, store.path, version=before).where("checkpoint_id = 1").count()
     assert old == cp1.header.parallelism * 2 + 1 + sum(
         m.n_entries for m in cp1.manifest if m.task == 0)  # time travel still has it
+
+
+def test_restore_timestamps_are_parsed_as_utc():
+    from lakecast.snapshot_cli import parse_timestamp
+    from lakecast.snapshots import SnapshotError
+
+    assert parse_timestamp("2026-11-22 03:40:00") == 1795318800000
+    assert parse_timestamp("2026-11-22T03:40:00") == parse_timestamp("2026-11-22 03:40")
+    assert parse_timestamp("1795318800000") == 1795318800000
+    with pytest.raises(SnapshotError, match="cannot read timestamp"):
+        parse_timestamp("yesterday")
