@@ -317,6 +317,7 @@ class SnapshottingRuntime(BroadcastRuntime):
             log.warning("checkpoint %s unusable, restored %s instead: %s", pinned,
                         restored.header.checkpoint_id, why)
         self.restored = restored
+        self.restore_checkpoint_id = None  # the pin applies to one cold start
         if restored is None:
             return super()._base_elements(until)
         self._restoring = True
