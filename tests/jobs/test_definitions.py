@@ -28,3 +28,18 @@ def test_workspace_yaml_loads_defs_from_repo_root(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Validation successful for code location jobs.definitions" in proc.stderr + proc.stdout
+
+
+def test_instance_config_allows_one_run_per_exclusive_tag(tmp_path, monkeypatch):
+    import shutil
+
+    from dagster import DagsterInstance
+
+    from jobs.microbatch import EXCLUSIVE_TAG, enrichment_microbatch
+
+    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with DagsterInstance.get() as instance:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert {"key": EXCLUSIVE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+    assert enrichment_microbatch.tags[EXCLUSIVE_TAG] == "enrichment_microbatch"
