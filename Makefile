@@ -41,7 +41,8 @@ ui: setup
 	@$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
 
 bench: setup
-	@$(PY) -m benchmarks.run
+	@$(PY) -m benchmarks.broadcast_enrichment
+	@$(PY) -m benchmarks.snapshots
 
 lock: $(DEPS)
 	@{ head -2 constraints.txt; $(PY) -m pip freeze --exclude-editable; } > constraints.txt.new && mv constraints.txt.new constraints.txt
