@@ -129,6 +129,31 @@ def dim_products_frame(classified: DataFrame) -> DataFrame:
     )
 
 
+def parse_event_time(raw: DataFrame) -> DataFrame:
+    """``raw`` plus ``event_ts``, parsed from the string ``event_time`` (null if unparsable)."""
+    from pyspark.sql import functions as F
+
+    return raw.withColumn("event_ts", F.try_to_timestamp(F.col("event_time"), F.lit(TS_FORMAT)))
+
+
+def event_format_checks() -> list[tuple[Column, str]]:
+    """The intrinsic checks of an event (no dimension look-ups), in order: the batch
+    layer and the micro-batch validator share them. Needs ``event_ts``."""
+    from pyspark.sql import functions as F
+
+    return [
+        (F.col("event_id").isNull(), "null_event_id"),
+        (F.col("user_id").isNull(), "null_user_id"),
+        (F.col("product_id").isNull(), "null_product_id"),
+        (~F.col("event_type").isin(*EVENT_TYPES) | F.col("event_type").isNull(),
+         "unknown_event_type"),
+        (F.col("amount").isNull(), "null_amount"),
+        (F.isnan("amount"), "nan_amount"),
+        (F.col("amount") < 0, "negative_amount"),
+        (F.col("event_ts").isNull(), "unparsable_event_time"),
+    ]  # fmt: skip
+
+
 def classify_events(raw: DataFrame, dim_users: DataFrame, dim_products: DataFrame) -> DataFrame:
     """Raw events plus ``event_ts``, ``category``, ``_raw`` and ``_reason``.
 
@@ -140,30 +165,27 @@ def classify_events(raw: DataFrame, dim_users: DataFrame, dim_products: DataFram
     users = dim_users.select("user_id", F.lit(True).alias("_user_ok"))
     products = dim_products.select("product_id", "category")
     df = (
-        _with_raw(raw)
-        .withColumn("event_ts", F.try_to_timestamp(F.col("event_time"), F.lit(TS_FORMAT)))
+        parse_event_time(_with_raw(raw))
         .join(F.broadcast(users), "user_id", "left")
         .join(F.broadcast(products), "product_id", "left")
     )
-    df = df.withColumn(
-        "_reason",
-        _first_reason(
-            [
-                (F.col("event_id").isNull(), "null_event_id"),
-                (F.col("user_id").isNull(), "null_user_id"),
-                (F.col("product_id").isNull(), "null_product_id"),
-                (~F.col("event_type").isin(*EVENT_TYPES) | F.col("event_type").isNull(),
-                 "unknown_event_type"),
-                (F.col("amount").isNull(), "null_amount"),
-                (F.isnan("amount"), "nan_amount"),
-                (F.col("amount") < 0, "negative_amount"),
-                (F.col("event_ts").isNull(), "unparsable_event_time"),
-                (F.col("_user_ok").isNull(), "unknown_user_id"),
-                (F.col("category").isNull(), "unknown_product_id"),
-            ]
-        ),
-    )  # fmt: skip
+    checks = [
+        *event_format_checks(),
+        (F.col("_user_ok").isNull(), "unknown_user_id"),
+        (F.col("category").isNull(), "unknown_product_id"),
+    ]
+    df = df.withColumn("_reason", _first_reason(checks))
     return _dedupe(df, "event_id", "duplicate_event_id", ["ingest_day", "_raw"]).drop("_user_ok")
+
+
+def classify_event_format(raw: DataFrame) -> DataFrame:
+    """Raw events plus ``event_ts`` and ``_reason`` from the intrinsic checks only
+    (unknown ids are the broadcast state's business); a repeated ``event_id`` keeps
+    its first accepted occurrence by raw record."""
+
+    df = _with_raw(parse_event_time(raw))
+    df = df.withColumn("_reason", _first_reason(event_format_checks()))
+    return _dedupe(df, "event_id", "duplicate_event_id", ["_raw"]).drop("_raw")
 
 
 def quarantine_frame(

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from assets.transforms import classify_event_format
 from lakecast.api import Context, MapStateDescriptor, ReadOnlyContext
-from lakecast.datagen import EVENT_TYPES, TS_FORMAT
 from lakecast.enrich import Enrichment, Lookup
 from lakecast.source import BroadcastElement
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
@@ -78,33 +78,9 @@ class StorefrontEnrichment(Enrichment):
 def validate_events(events: DataFrame) -> DataFrame:
     """Add ``_reason`` (null = valid) and the parsed ``event_ts`` to raw events.
 
-    Only intrinsic checks: whether a user or product is known is the broadcast
-    state's business (missing-state policy), not the validator's. Duplicate
-    ``event_id`` s within a batch keep their first occurrence (by raw record).
+    The batch layer's intrinsic checks (:func:`assets.transforms.event_format_checks`);
+    whether a user or product is known is the broadcast state's business (missing-state
+    policy), not the validator's. Duplicate ``event_id`` s within a batch keep their
+    first occurrence (by raw record).
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    df = events.withColumn("event_ts", F.try_to_timestamp(F.col("event_time"), F.lit(TS_FORMAT)))
-    checks = [
-        (F.col("event_id").isNull(), "null_event_id"),
-        (F.col("user_id").isNull(), "null_user_id"),
-        (F.col("product_id").isNull(), "null_product_id"),
-        (F.col("event_type").isNull() | ~F.col("event_type").isin(*EVENT_TYPES),
-         "unknown_event_type"),
-        (F.col("amount").isNull(), "null_amount"),
-        (F.isnan("amount"), "nan_amount"),
-        (F.col("amount") < 0, "negative_amount"),
-        (F.col("event_ts").isNull(), "unparsable_event_time"),
-    ]  # fmt: skip
-    reason = F.when(checks[0][0], F.lit(checks[0][1]))
-    for cond, why in checks[1:]:
-        reason = reason.when(cond, F.lit(why))
-    df = df.withColumn("_reason", reason.otherwise(F.lit(None).cast("string")))
-    order = F.to_json(F.struct(*[F.col(c) for c in events.columns]))
-    w = Window.partitionBy("event_id", F.col("_reason").isNull()).orderBy(order)
-    return df.withColumn(
-        "_reason",
-        F.when(F.col("_reason").isNull() & (F.row_number().over(w) > 1),
-               F.lit("duplicate_event_id")).otherwise(F.col("_reason")),
-    )  # fmt: skip
+    return classify_event_format(events)
