@@ -133,6 +133,12 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
     assert cp0.stored_bytes > 0 and cp1.distinct_contents == 2  # 2 states, stored once each
     assert cp2.header.state_version == cp1.header.state_version == {"rules": 1}
     assert [h.checkpoint_id for h in store.headers()] == [0, 1, 2]
+    # restore by timestamp: the newest checkpoint created at or before it
+    created = {h.checkpoint_id: h.created_at_ms for h in store.headers()}
+    assert created[0] < created[1] < created[2]
+    assert store.resolve(timestamp_ms=created[1]).header.checkpoint_id == 1
+    assert store.resolve(timestamp_ms=created[1] - 1).header.checkpoint_id == 0
+    assert store.resolve(timestamp_ms=created[0] - 1) is None
 
     # corrupt: checkpoint 2 loses task 1's manifest rows, checkpoint 1 a tampered value
     delta_io.delete(spark, store.path, "checkpoint_id = 2 AND kind = 'manifest' AND task = 1")
