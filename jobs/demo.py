@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from datetime import date, timedelta
 
@@ -115,6 +116,8 @@ def summary(settings: Settings) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the batch demo on the embedded lake and print the summary."""
     del argv
+    # Dagster repeats its "backfill_policy is beta" notice for every run; say it once.
+    warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy`")
     started = time.monotonic()
     settings = get_settings()
     spec = datagen.GenSpec(scale=1.0, seed=datagen.DEFAULT_SEED)
