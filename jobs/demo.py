@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from datetime import date, timedelta
 
@@ -33,7 +32,7 @@ from dagster._core.storage.tags import (
 from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.resources import LakecastSparkResource, LakeResource
 from assets.segments import segment_counts
-from jobs.demo_live import run_live
+from jobs.demo_live import reset_demo_lake, run_live
 from lakecast import datagen, delta_io
 from lakecast.config import Settings, get_settings
 from lakecast.tables import ALL_TABLES, DIM_PRODUCTS, DIM_USERS, QUARANTINE, USER_SEGMENTS
@@ -116,13 +115,15 @@ def summary(settings: Settings) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the batch demo on the embedded lake and print the summary."""
     del argv
-    # Dagster repeats its "backfill_policy is beta" notice for every run; say it once.
-    warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy`")
     started = time.monotonic()
     settings = get_settings()
     spec = datagen.GenSpec(scale=1.0, seed=datagen.DEFAULT_SEED)
     instance = dagster_instance(settings)
     print(f"==> Dagster home {settings.dagster_home}", flush=True)
+    removed = reset_demo_lake(settings)
+    if removed:
+        print(f"==> reset the demo's tables in {settings.lake_root} ({len(removed)} tables; "
+              "the Dagster run history is kept)", flush=True)  # fmt: skip
     print(f"==> generating raw data ({spec.n_users} users, {spec.n_products} products, "
           f"~{spec.n_events:,} event draws over {spec.days} days)", flush=True)  # fmt: skip
     generate_raw(settings, spec)

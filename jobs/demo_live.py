@@ -2,9 +2,8 @@
 
 After the batch half has built ``dim_products`` and ``user_segments`` (v1):
 
-1. reset the micro-batch side (its outputs, progress log, feature flags) — the
-   batch half regenerated the raw events, and the pipeline reads an append-only
-   events table;
+1. (``reset_demo_lake``, called before the batch half: every demo starts from a
+   clean lake, so the story is the same each time);
 2. set the feature flag ``vip_discount`` (a broadcast table of its own);
 3. loop: the producer appends events, ``broadcast_versions_sensor`` is ticked, and
    each run it requests executes ``enrichment_microbatch`` in-process;
@@ -20,6 +19,7 @@ import json
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from dagster import DagsterInstance, SensorResult, build_sensor_context
 
@@ -31,7 +31,7 @@ from jobs.microbatch import (
 )
 from lakecast import datagen, delta_io, flags
 from lakecast.config import Settings
-from lakecast.tables import EVENTS, USER_SEGMENTS
+from lakecast.tables import ALL_TABLES, EVENTS, USER_SEGMENTS
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
@@ -46,11 +46,17 @@ class LiveOutcome:
     summary: str
 
 
-def reset_microbatch(settings: Settings) -> None:
-    """Remove the micro-batch outputs, its progress log and the flags (local lakes only)."""
-    for name in (*OUTPUTS, "feature_flags"):
-        shutil.rmtree(settings.table_path(name), ignore_errors=True)
+def reset_demo_lake(settings: Settings) -> list[str]:
+    """Remove every table the demo writes, and the micro-batch's checkpoints, so each
+    ``make demo`` tells the same story from scratch. Returns the tables removed."""
+    removed = []
+    for name in (*ALL_TABLES, *OUTPUTS, "feature_flags"):
+        path = Path(settings.table_path(name))
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(name)
     shutil.rmtree(settings.checkpoint_path(ENRICHMENT.name), ignore_errors=True)
+    return removed
 
 
 class SensorLoop:
@@ -150,7 +156,6 @@ def run_live(
     from lakecast.spark import get_spark
 
     spark = get_spark(settings=settings)
-    reset_microbatch(settings)
     flags.set_flag(spark, settings.table_path("feature_flags"), "vip_discount", "10")
     seg_path = settings.table_path(USER_SEGMENTS)
     v1 = delta_io.latest_version(seg_path)
@@ -166,6 +171,8 @@ def run_live(
     print(f"==> daily_segment_refresh_job for {next_day}: a new version of {USER_SEGMENTS}")
     refresh_segments(next_day)
     v2 = delta_io.latest_version(seg_path)
+    if v2 == v1:
+        raise RuntimeError(f"the daily job for {next_day} committed no new {USER_SEGMENTS} version")
     changes = delta_io.commit_info(seg_path, v2).metrics
     print(f"    {USER_SEGMENTS} v{v2}: {changes.get('numTargetRowsUpdated', '?')} users updated, "
           f"{changes.get('numTargetRowsInserted', '?')} inserted")  # fmt: skip
