@@ -38,6 +38,7 @@ lint: $(DEPS)
 
 ui: setup
 	@mkdir -p "$(DAGSTER_HOME)"
+	@test -f "$(DAGSTER_HOME)/dagster.yaml" || cp deploy/dagster/dagster.yaml "$(DAGSTER_HOME)/dagster.yaml"
 	@$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
 
 bench: setup
