@@ -168,7 +168,7 @@ class Executor:
         if order and delta:
             others = [e for e in items if not isinstance(e, BroadcastElement)]
             items = order_elements(delta) + others
-        ctx = _Ctx(self)
+        ctx = self.broadcast_context()
         for e in items:
             if isinstance(e, BroadcastElement):
                 applied = self.store.versions.get(e.table)
@@ -188,6 +188,10 @@ class Executor:
                 self.store.rows_applied += e.num_rows
             self.store.elements_applied += 1
         return ctx._collector
+
+    def broadcast_context(self) -> _Ctx:
+        """The read-write context of the broadcast side (the keyed executor extends it)."""
+        return _Ctx(self)
 
     # -- events ----------------------------------------------------------------------
     def process_batch(self, batch: pa.RecordBatch) -> Collector:
