@@ -26,7 +26,7 @@ Spark-free: the same function runs in :mod:`lakecast.harness` and :mod:`lakecast
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lakecast.errors import LakecastError
@@ -66,6 +66,8 @@ class MapStateDescriptor:
     key_type: Any = object
     value_type: Any = object
     key_columns: tuple[str, ...] = ()
+    #: TTL of each map entry when used as KEYED map state (:mod:`lakecast.keyed`)
+    ttl: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -78,6 +80,11 @@ class MapStateDescriptor:
     @property
     def table_shaped(self) -> bool:
         return bool(self.key_columns)
+
+    def enable_time_to_live(self, ttl_config: Any) -> MapStateDescriptor:
+        """Give each entry of this (keyed) map state a TTL (a ``StateTtlConfig``)."""
+        object.__setattr__(self, "ttl", ttl_config)
+        return self
 
 
 @dataclass(frozen=True)
