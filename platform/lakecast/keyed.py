@@ -108,6 +108,10 @@ class KeyedReadOnlyContext(ReadOnlyContext):
         """The key of the element (a scalar, or a tuple for several key columns)."""
         raise NotImplementedError
 
+    def task_index(self) -> int:
+        """Index of the parallel task running this (Spark partition id; 0 in the harness)."""
+        raise NotImplementedError
+
     def timer_service(self) -> TimerService:
         raise NotImplementedError
 
@@ -156,6 +160,10 @@ class KeyedContext(Context):
 
     def timer_service(self) -> TimerService:
         """Raises on registration: a broadcast element has no key to own a timer."""
+        raise NotImplementedError
+
+    def task_index(self) -> int:
+        """Index of the parallel task running this (Spark partition id; 0 in the harness)."""
         raise NotImplementedError
 
 

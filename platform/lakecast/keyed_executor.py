@@ -98,6 +98,9 @@ class _KeyedROCtx(_ReadOnlyCtx, KeyedReadOnlyContext):
     def get_current_key(self) -> Any:
         return self._ex.keyed.current_key
 
+    def task_index(self) -> int:
+        return self._ex.task_index
+
     def timer_service(self) -> TimerService:
         return _KeyTimers(self._ex)
 
@@ -120,6 +123,9 @@ class _KeyedCtx(_Ctx, KeyedContext):
 
     def timer_service(self) -> TimerService:
         return _NoTimers(self._ex)
+
+    def task_index(self) -> int:
+        return self._ex.task_index
 
     def apply_to_keyed_state(self, descriptor: AnyDescriptor,
                              function: KeyedStateFunction) -> None:
@@ -190,6 +196,8 @@ class KeyedExecutor(Executor):
         self.keyed_effects = True
         #: whether every key's state is loaded (apply_to_keyed_state needs it)
         self.all_keys_loaded = True
+        #: index of the parallel task (Spark partition id)
+        self.task_index = 0
 
     def broadcast_context(self) -> _KeyedCtx:
         return _KeyedCtx(self)
