@@ -391,3 +391,29 @@ def restore_version(spark: SparkSession, path: str, version: int) -> int:
     current = latest_version(path, spark)
     assert current is not None
     return current
+
+
+def merge_keyed_state(
+    spark: SparkSession, changes: DataFrame, path: str, keys: Sequence[str], state_column: str
+) -> int:
+    """Apply per-key state changes in ONE commit: a row whose ``state_column`` is null
+    deletes its key, any other row upserts it. Creates the table (with deletion vectors,
+    so a MERGE touching few keys does not rewrite whole files) when it does not exist.
+    Re-applying the same changes gives the same table (idempotent)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if latest_version(path, spark) is None:
+        write(changes.where(F.col(state_column).isNotNull()), path, mode="overwrite")
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                  "('delta.enableDeletionVectors' = 'true')")
+    else:
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+        (DeltaTable.forPath(spark, path).alias("t").merge(changes.alias("s"), on)
+         .whenMatchedDelete(condition=f"s.`{state_column}` IS NULL")
+         .whenMatchedUpdateAll()
+         .whenNotMatchedInsertAll(condition=f"s.`{state_column}` IS NOT NULL")
+         .execute())
+    version = latest_version(path, spark)
+    assert version is not None
+    return version

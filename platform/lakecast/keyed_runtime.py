@@ -1,0 +1,566 @@
+"""Keyed broadcast processing on Spark, with keyed state versioned in Delta.
+
+:class:`KeyedBroadcastRuntime` runs a :class:`~lakecast.keyed.KeyedBroadcastProcessFunction`
+over one micro-batch of events at a time:
+
+1. **plan (driver)**: the keyed state of the previous batch (a Delta table version), the
+   broadcast state version it has seen ``V_prev``, the target ``V`` (newest, or the
+   batch plan's), the new watermark ``max(previous, max event time - delay)`` and the
+   batch's processing time (fixed when planned, so a retry computes the same result);
+2. **shuffle**: each event gets ``_key_group = pmod(xxhash64(key), key_groups)``; the
+   rows of the state table the batch needs (keys in the batch, keys with due timers or
+   expiring TTL — or every key when new broadcast elements may ``apply_to_keyed_state``)
+   are unioned with the events, hash-partitioned by key group and sorted (state first,
+   then each key's events by time and order columns);
+3. **task**: the task-local broadcast state at ``V_prev`` comes from the worker cache of
+   :mod:`lakecast.runtime` (warm across batches), is forked, and the elements in
+   ``(V_prev, V]`` are applied with keyed effects (``apply_to_keyed_state`` on this task's
+   keys, broadcast-side outputs); then events key by key, then timers, then TTL cleanup;
+   the task emits outputs, one row per changed key, and one accounting row;
+4. **commit**: :meth:`KeyedBroadcastRuntime.commit` MERGEs the changed keys (and a
+   ``__meta__`` row: batch id, watermark, ``V``, schemas) into the state table — one
+   Delta version per batch, so restoring keyed state to any batch is Delta time travel.
+
+Keyed state lives by key group, not by task: any parallelism reads it (rescaling is
+free, nothing duplicated or missing), and the number of key groups is fixed for the life
+of the state (like Flink's max parallelism).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from lakecast import delta_io
+from lakecast.api import UNMATCHED
+from lakecast.errors import LakecastError
+from lakecast.executor import Collector, OutputLayout, version_json
+from lakecast.keyed import KeyedBroadcastProcessFunction
+from lakecast.keyed_executor import EVENT, PROC, KeyedExecutor, fork_store, keyed_descriptors
+from lakecast.keyed_state import check_schema, schema_json
+from lakecast.metrics import DEFAULT_STATE_BUDGET_BYTES
+from lakecast.runtime import BroadcastResult, BroadcastRuntime, ChainLink, TaskPlan
+from lakecast.source import BroadcastElement, latest_versions, read_broadcast_elements
+from lakecast.state import CHANGE_TYPE
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lakecast.progress import BatchPlan
+
+log = logging.getLogger(__name__)
+
+KIND, GROUP, KEY, STATE = "_kind", "_key_group", "_key", "_state"
+NEXT_EVENT, NEXT_PROC, EXPIRES = "_next_event_timer", "_next_proc_timer", "_expires_at"
+META_KEY = "__meta__"
+STATE_SIDE, TASK_SIDE = "_keyed_state", "_task"
+INTERNAL_SIDES = (STATE_SIDE, TASK_SIDE)
+
+STATE_SCHEMA = pa.schema([
+    (GROUP, pa.int32()), (KEY, pa.string()), (STATE, pa.binary()),
+    (NEXT_EVENT, pa.int64()), (NEXT_PROC, pa.int64()), (EXPIRES, pa.int64()),
+])
+TASK_SCHEMA = pa.schema([
+    ("task", pa.int32()), ("events_in", pa.int64()), ("state_rows_in", pa.int64()),
+    ("keys_held", pa.int64()), ("changed_keys", pa.int64()), ("deleted_keys", pa.int64()),
+    ("expired_entries", pa.int64()), ("timers_fired", pa.int64()),
+    ("broadcast_elements", pa.int64()), ("state_bytes", pa.int64()),
+    ("broadcast_state_bytes", pa.int64()), ("cache", pa.string()), ("pid", pa.int64()),
+    ("seconds", pa.float64()),
+])
+
+
+class KeyedStateError(LakecastError):
+    """The keyed state table cannot be used for this batch."""
+
+
+@dataclass(frozen=True)
+class StateMeta:
+    """What the keyed state at one Delta version has seen."""
+
+    batch_id: int = -1
+    watermark: int | None = None
+    processing_time: int = 0
+    broadcast_versions: dict[str, int] = field(default_factory=dict)
+    schemas: tuple[str, ...] = ()
+    key_groups: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({**self.__dict__, "schemas": list(self.schemas)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StateMeta:
+        d = json.loads(text)
+        d["schemas"] = tuple(d.get("schemas", ()))
+        return cls(**d)
+
+
+# ============================================================================ task side
+#: worker-local cache: function id -> (executor replaying broadcast state, chain key)
+_KEYED_CACHE: OrderedDict[str, tuple[KeyedExecutor, str | None]] = OrderedDict()
+MAX_CACHED_FUNCTIONS = 4
+
+
+def _acquire_keyed(plan: TaskPlan) -> tuple[KeyedExecutor, str]:
+    """Broadcast state at the end of ``plan.chain`` from the worker cache (warm: apply only
+    the links after the cached version). Replays have no keyed effects and no outputs."""
+    fn = plan.function
+    assert isinstance(fn, KeyedBroadcastProcessFunction)
+    keys = [link.to_key for link in plan.chain]
+    cached = _KEYED_CACHE.pop(plan.function_id, None)
+    if cached is not None and (cached[1] in keys or (cached[1] is None and not keys)):
+        ex, start, status = cached[0], (keys.index(cached[1]) + 1 if cached[1] else 0), "warm"
+    else:
+        ex, start, status = KeyedExecutor(fn, plan.tables), 0, "cold"
+    ex.keyed_effects = False
+    key = cached[1] if status == "warm" else None
+    for link in plan.chain[start:]:
+        ex.apply_broadcast(link.elements())
+        key = link.to_key
+    _KEYED_CACHE[plan.function_id] = (ex, key)
+    while len(_KEYED_CACHE) > MAX_CACHED_FUNCTIONS:
+        _KEYED_CACHE.popitem(last=False)
+    return ex, status
+
+
+@dataclass(frozen=True)
+class KeyedTaskPlan:
+    """What a keyed task needs (pickled into the ``mapInArrow`` closure)."""
+
+    prefix: TaskPlan  # broadcast state up to V_prev (the worker cache's chain)
+    new_elements: Any  # Broadcast[list[BroadcastElement]] | list: elements in (V_prev, V]
+    event_columns: tuple[str, ...]
+    layout: OutputLayout
+    version: str  # lineage JSON of V
+    watermark_before: int | None
+    watermark: int | None
+    processing_time: int
+    all_keys_loaded: bool
+
+    def elements(self) -> list[BroadcastElement]:
+        b = self.new_elements
+        return b if isinstance(b, list) else b.value
+
+
+def _merge_into(out: Collector, c: Collector) -> None:
+    out.main.extend(c.main)
+    for name, items in c.side.items():
+        out.side.setdefault(name, []).extend(items)
+
+
+def run_keyed_task(plan: KeyedTaskPlan, batches: Iterator[pa.RecordBatch]
+                   ) -> Iterator[pa.RecordBatch]:
+    """One Spark task: restore keys, apply new broadcast elements, process, fire, persist."""
+    from pyspark import TaskContext
+
+    t0 = time.perf_counter()
+    base, status = _acquire_keyed(plan.prefix)
+    fn = plan.prefix.function
+    assert isinstance(fn, KeyedBroadcastProcessFunction)
+    ex = KeyedExecutor(fn, plan.prefix.tables, timestamp_column=plan.prefix.timestamp_column,
+                       watermark=plan.watermark_before, processing_time=plan.processing_time,
+                       store=fork_store(base.store))
+    ctx = TaskContext.get()
+    ex.task_index = ctx.partitionId() if ctx else 0
+    ex.all_keys_loaded = plan.all_keys_loaded
+    ids: dict[Any, tuple[int, str]] = {}  # key -> (key group, key string)
+    counts = {"events_in": 0, "state_rows_in": 0, "timers_fired": 0}
+    applied = False
+    null_key_tag = UNMATCHED.name
+    cols = list(plan.event_columns)
+
+    def apply_new() -> Iterator[pa.RecordBatch]:
+        elements = plan.elements()
+        if elements:
+            yield from plan.layout.encode(ex.apply_broadcast(elements), plan.version)
+
+    for batch in batches:
+        kinds = batch.column(KIND).to_pylist()
+        n_state = kinds.count(0)
+        if n_state:
+            state_rows = batch.slice(0, n_state)
+            for g, k, blob in zip(state_rows.column(GROUP).to_pylist(),
+                                  state_rows.column(KEY).to_pylist(),
+                                  state_rows.column(STATE).to_pylist(), strict=True):
+                ids[ex.load_key(blob)] = (g, k)
+            counts["state_rows_in"] += n_state
+        if n_state == batch.num_rows:
+            continue
+        if not applied:
+            applied = True
+            yield from apply_new()
+        events = batch.slice(n_state)
+        counts["events_in"] += events.num_rows
+        rows = events.select(cols).to_pylist()
+        groups = events.column(GROUP).to_pylist()
+        keystr = events.column(KEY).to_pylist()
+        out = Collector()
+        start = 0
+        for i in range(1, len(rows) + 1):
+            if i < len(rows) and keystr[i] == keystr[start]:
+                continue
+            if keystr[start] is None:  # a null key has no state: unmatched, never dropped
+                out.side.setdefault(null_key_tag, []).extend(rows[start:i])
+            else:
+                key = fn.get_key(rows[start])
+                ids[key] = (groups[start], keystr[start])
+                _merge_into(out, ex.process_key(key, rows[start:i]))
+            start = i
+        yield from plan.layout.encode(out, plan.version)
+    if not applied:
+        yield from apply_new()
+    before = sum(len(e.timers) for e in ex.keyed.entries.values())
+    fired = ex.fire_timers(watermark=plan.watermark, processing_time=plan.processing_time)
+    yield from plan.layout.encode(fired, plan.version)
+    counts["timers_fired"] = before - sum(len(e.timers) for e in ex.keyed.entries.values())
+    expired = ex.keyed.expire()
+    # one row per changed key: its new state, or a tombstone
+    changed = sorted(ex.keyed.dirty, key=lambda k: ids.get(k, (0, ""))[1])
+    g_col, k_col, s_col, ne, np_, exp = [], [], [], [], [], []
+    deleted = 0
+    for key in changed:
+        if key not in ids:
+            raise KeyedStateError(f"key {key!r} was written but never read in this task")
+        blob = ex.dump_key(key)
+        deleted += blob is None
+        g_col.append(ids[key][0])
+        k_col.append(ids[key][1])
+        s_col.append(blob)
+        ne.append(ex.next_timer(key, EVENT))
+        np_.append(ex.next_timer(key, PROC))
+        exp.append(ex.keyed.expires_at(key))
+    side = Collector()
+    if changed:
+        side.side[STATE_SIDE] = [pa.RecordBatch.from_arrays(
+            [pa.array(g_col, pa.int32()), pa.array(k_col, pa.string()),
+             pa.array(s_col, pa.binary()), pa.array(ne, pa.int64()), pa.array(np_, pa.int64()),
+             pa.array(exp, pa.int64())], schema=STATE_SCHEMA)]
+    size = ex.keyed.size()
+    side.side[TASK_SIDE] = [pa.RecordBatch.from_pylist([{
+        "task": ex.task_index, "events_in": counts["events_in"],
+        "state_rows_in": counts["state_rows_in"], "keys_held": size["keys"],
+        "changed_keys": len(changed), "deleted_keys": deleted, "expired_entries": expired,
+        "timers_fired": counts["timers_fired"], "broadcast_elements": len(plan.elements()),
+        "state_bytes": size["bytes"], "broadcast_state_bytes": ex.store.nbytes(),
+        "cache": status, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
+    }], schema=TASK_SCHEMA)]
+    yield from plan.layout.encode(side, plan.version)
+
+
+# ============================================================================ driver side
+@dataclass
+class KeyedResult(BroadcastResult):
+    """The one-pass output of a keyed batch: main/side outputs as in
+    :class:`~lakecast.runtime.BroadcastResult`, plus the changed keyed state rows
+    (:attr:`state_changes`) and one accounting row per task (:attr:`tasks`)."""
+
+    batch_id: int = -1
+    meta: StateMeta = field(default_factory=StateMeta)
+    input_state_version: int | None = None
+
+    @property
+    def side_output_names(self) -> list[str]:
+        return [n for n in self.layout.sides if n not in INTERNAL_SIDES]
+
+    @property
+    def state_changes(self) -> DataFrame:
+        return self.side(STATE_SIDE).select(*STATE_SCHEMA.names)
+
+    @property
+    def tasks(self) -> DataFrame:
+        return self.side(TASK_SIDE).select(*TASK_SCHEMA.names)
+
+    def task_rows(self) -> list[dict[str, Any]]:
+        """The accounting rows (runs the job if it has not run)."""
+        return [r.asDict() for r in self.tasks.collect()]
+
+
+class KeyedBroadcastRuntime:
+    """Runs a keyed broadcast function over micro-batches, keyed state in Delta at
+    ``state_path``. Keep one per Spark application; call :meth:`process` then (after the
+    outputs are written) :meth:`commit` per batch."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        function: KeyedBroadcastProcessFunction,
+        tables: Mapping[str, str],
+        state_path: str,
+        *,
+        timestamp_column: str | None = None,
+        order_columns: Sequence[str] = (),
+        watermark_delay_ms: int = 0,
+        key_groups: int = 128,
+        parallelism: int | None = None,
+        lineage: bool = True,
+        state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,
+        function_id: str | None = None,
+        max_chain: int = 32,
+    ) -> None:
+        if not isinstance(function, KeyedBroadcastProcessFunction):
+            raise TypeError(f"{type(function).__name__} is not a KeyedBroadcastProcessFunction")
+        self.descriptors = keyed_descriptors(function)
+        self.spark = spark
+        self.function = function
+        self.tables = dict(tables)
+        self.state_path = state_path
+        self.timestamp_column = timestamp_column
+        self.order_columns = tuple(order_columns)
+        self.watermark_delay_ms = watermark_delay_ms
+        self.key_groups = key_groups
+        self.parallelism = parallelism
+        self.max_chain = max_chain
+        fid = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
+        # the broadcast side: its chain of broadcast variables and the worker cache
+        self.broadcast = BroadcastRuntime(spark, function, tables, lineage=lineage,
+                                          timestamp_column=timestamp_column,
+                                          state_budget_bytes=state_budget_bytes,
+                                          function_id=fid)
+        self._chain: list[ChainLink] = []
+        self._chain_version: dict[str, int] = {}
+        self._known: tuple[int, StateMeta] | None = None  # (state table version, meta)
+        self._schema = schema_json(self.descriptors)
+
+    @property
+    def function_id(self) -> str:
+        return self.broadcast.function_id
+
+    # -- keyed state: which version feeds a batch -------------------------------------
+    def _meta_at(self, version: int) -> StateMeta | None:
+        """The meta row at ``version`` (``None``: the table was emptied by a rewind)."""
+        from pyspark.sql import functions as F
+
+        table = delta_io.read(self.spark, self.state_path, version=version)
+        rows = table.where(F.col(KEY) == META_KEY).select(STATE).collect()
+        if rows:
+            return StateMeta.from_json(bytes(rows[0][0]).decode())
+        if table.limit(1).count():
+            raise KeyedStateError(f"{self.state_path}@v{version} has no {META_KEY} row: not a "
+                                  "Lakecast keyed state table")
+        return None
+
+    def state_before(self, batch_id: int) -> tuple[int | None, StateMeta]:
+        """The state table version (and its meta) that batch ``batch_id`` starts from:
+        the newest version written by an earlier batch (``None``: no state yet)."""
+        latest = delta_io.latest_version(self.state_path, self.spark)
+        if latest is None:
+            return None, StateMeta(key_groups=self.key_groups)
+        if self._known is not None and self._known[0] == latest \
+                and self._known[1].batch_id < batch_id:
+            return self._known
+        version = latest
+        while version >= 0:
+            meta = self._meta_at(version)
+            if meta is None:
+                break
+            if meta.batch_id < batch_id:
+                return version, meta
+            version -= 1  # a crashed attempt of this batch (or later) already committed
+        return None, StateMeta(key_groups=self.key_groups)
+
+    # -- the broadcast chain up to the keyed state's version --------------------------
+    def _chain_to(self, target: Mapping[str, int]) -> None:
+        target = dict(target)
+        if self._chain and self._chain_version == target:
+            return
+        if self._chain and all(self._chain_version.get(t, -1) <= v for t, v in target.items()) \
+                and set(self._chain_version) <= set(target) and len(self._chain) < self.max_chain:
+            new = read_broadcast_elements(self.spark, self.tables, self._chain_version, target)
+            self._chain.append(self.broadcast._link(new, target))
+        else:  # first batch, a rewind, or a long chain: a new base at ``target``
+            for link in self._chain:
+                if not isinstance(link.broadcast, list):
+                    link.broadcast.unpersist()
+            tables = {t: p for t, p in self.tables.items() if t in target}
+            base = read_broadcast_elements(self.spark, tables, {}, target) if tables else []
+            self._chain = [self.broadcast._link(base, target)] if base else []
+        self._chain_version = target
+
+    # -- one batch -------------------------------------------------------------------
+    def process(
+        self,
+        events: DataFrame,
+        *,
+        batch_id: int,
+        processing_time: int | None = None,
+        until: Mapping[str, int] | None = None,
+    ) -> KeyedResult:
+        """Run the function over one batch of ``events`` (lazy: nothing runs until an
+        action). ``processing_time`` (epoch ms; default now) drives processing-time
+        timers and TTL; ``until`` pins the broadcast versions (default: newest)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+        t0 = time.perf_counter()
+        proc_time = int(time.time() * 1000) if processing_time is None else int(processing_time)
+        state_version, meta = self.state_before(batch_id)
+        if meta.key_groups and meta.key_groups != self.key_groups:
+            raise KeyedStateError(
+                f"the keyed state at {self.state_path} has {meta.key_groups} key groups; this "
+                f"runtime was configured with {self.key_groups} (key groups are fixed for the "
+                "life of the state)")
+        for stored in meta.schemas:  # refuse a breaking change before any data is touched
+            check_schema(json.loads(stored), self.descriptors)
+        prev = dict(meta.broadcast_versions)
+        latest = {t: v for t, v in latest_versions(self.tables, self.spark).items()
+                  if v is not None}
+        target = {**latest, **(until or {})}
+        if any(target.get(t, -1) < v for t, v in prev.items()):
+            raise KeyedStateError(f"batch {batch_id} would move broadcast state back from "
+                                  f"{prev} to {target}")
+        self._chain_to(prev)
+        new = read_broadcast_elements(self.spark, self.tables, prev, target) \
+            if target != prev else []
+        new_bc: Any = self.spark.sparkContext.broadcast(new) if new else []
+        for e in new:  # table schemas for bind_tables (full reads are authoritative)
+            if e.kind == "full" or e.table not in self.broadcast._schemas:
+                names = [c for c in e.rows.schema.names if c != CHANGE_TYPE]
+                self.broadcast._schemas[e.table] = e.rows.select(names).schema
+
+        # watermark: max(previous, max event time - delay)
+        tcol = self.timestamp_column
+        watermark = meta.watermark
+        if tcol is not None:
+            ts = F.col(tcol)
+            if dict(events.dtypes)[tcol].startswith("timestamp"):
+                ts = F.unix_millis(ts)
+            row = events.agg(F.max(ts)).collect()[0]
+            if row[0] is not None:
+                batch_wm = int(row[0]) - self.watermark_delay_ms
+                watermark = batch_wm if watermark is None else max(watermark, batch_wm)
+
+        tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
+        input_schema = to_arrow_schema(events.schema, timezone=tz)
+        prefix = TaskPlan(
+            function_id=self.function_id, function=self.function,
+            tables=tuple(sorted(self.tables)), chain=tuple(self._chain),
+            layout=None,  # type: ignore[arg-type]
+            timestamp_column=tcol, watermark=meta.watermark,
+        )
+        self.function.bind_tables(self.broadcast._schemas)
+        layout = OutputLayout.of(self.function, input_schema, self.broadcast.lineage)
+        layout = replace(layout, sides={**layout.sides, STATE_SIDE: STATE_SCHEMA,
+                                        TASK_SIDE: TASK_SCHEMA})
+        all_keys = bool(new) and self.function.visits_keyed_state_on_broadcast
+        plan = KeyedTaskPlan(prefix, new_bc, tuple(events.columns), layout,
+                             version_json(target), meta.watermark, watermark, proc_time,
+                             all_keys)
+
+        key_cols = self.function.key_columns()
+        missing = [c for c in key_cols if c not in events.columns]
+        if missing:
+            raise KeyedStateError(f"events have no key column(s) {missing}")
+        any_null = F.lit(False)
+        for c in key_cols:
+            any_null = any_null | F.col(c).isNull()
+        keyed_events = events.select(
+            "*", F.lit(1).cast("int").alias(KIND),
+            F.when(any_null, F.lit(None)).otherwise(
+                F.pmod(F.xxhash64(*key_cols), F.lit(self.key_groups))).cast("int").alias(GROUP),
+            F.when(any_null, F.lit(None)).otherwise(
+                F.to_json(F.struct(*key_cols))).alias(KEY),
+            F.lit(None).cast("binary").alias(STATE),
+        )
+        frames = [keyed_events]
+        if state_version is not None:
+            frames.append(self._state_rows(events, keyed_events, state_version, all_keys,
+                                           watermark, proc_time))
+        union = frames[0] if len(frames) == 1 else frames[0].unionByName(
+            frames[1], allowMissingColumns=True)
+        p = self.parallelism or self.spark.sparkContext.defaultParallelism
+        order = [KIND, GROUP, KEY] + ([tcol] if tcol else []) + list(self.order_columns)
+        shuffled = union.repartition(p, GROUP).sortWithinPartitions(*order)
+        spark_schema = from_arrow_schema(layout.schema, prefer_timestamp_ntz=False)
+        frame = shuffled.mapInArrow(_keyed_task_function(plan), spark_schema)
+        new_meta = StateMeta(
+            batch_id=batch_id, watermark=watermark, processing_time=proc_time,
+            broadcast_versions=target,
+            schemas=tuple(dict.fromkeys([*meta.schemas, self._schema])),
+            key_groups=self.key_groups,
+        )
+        return KeyedResult(
+            frame, layout, dict(target), list(new), None, self.broadcast.state_budget_bytes,
+            time.perf_counter() - t0, batch_id=batch_id, meta=new_meta,
+            input_state_version=state_version,
+        )
+
+    def _state_rows(self, events: DataFrame, keyed_events: DataFrame, version: int,
+                    all_keys: bool, watermark: int | None, proc_time: int) -> DataFrame:
+        """The state rows a batch needs, shaped like the keyed events."""
+        from pyspark.sql import functions as F
+
+        state = delta_io.read(self.spark, self.state_path, version=version).where(
+            F.col(GROUP) >= 0)
+        if not all_keys:
+            due = (F.col(NEXT_PROC) <= F.lit(proc_time)) | (F.col(EXPIRES) <= F.lit(proc_time))
+            if watermark is not None:
+                due = due | (F.col(NEXT_EVENT) <= F.lit(watermark))
+            batch_keys = (keyed_events.where(F.col(KEY).isNotNull())
+                          .select(GROUP, KEY).distinct().withColumn("_in_batch", F.lit(True)))
+            state = (state.join(batch_keys, [GROUP, KEY], "left")
+                     .where(F.col("_in_batch").isNotNull() | due).drop("_in_batch"))
+        cols = [F.lit(None).cast(t).alias(n) for n, t in events.dtypes]
+        return state.select(*cols, F.lit(0).cast("int").alias(KIND), F.col(GROUP),
+                            F.col(KEY), F.col(STATE))
+
+    def commit(self, result: KeyedResult) -> int:
+        """Persist the batch's keyed state (after its outputs are written); returns the
+        state table version. Idempotent: re-committing a batch gives the same state."""
+        meta_row = self.spark.createDataFrame(
+            [(-1, META_KEY, bytearray(result.meta.to_json().encode()), None, None, None)],
+            schema=_spark_state_schema())
+        changes = result.state_changes.select(*STATE_SCHEMA.names).unionByName(meta_row)
+        version = delta_io.merge_keyed_state(self.spark, changes, self.state_path,
+                                             keys=[GROUP, KEY], state_column=STATE)
+        self._known = (version, result.meta)
+        self._chain_to(result.meta.broadcast_versions)
+        return version
+
+    def processor(self, events: DataFrame, plan: BatchPlan) -> KeyedResult:
+        """A :data:`lakecast.pipeline.Processor`: the batch at the plan's versions and
+        processing time (fixed when planned, so a redo is deterministic)."""
+        return self.process(events, batch_id=plan.batch_id, processing_time=plan.planned_at_ms,
+                            until=plan.broadcast_versions)
+
+    def state_size(self, version: int | None = None) -> dict[str, int]:
+        """Rows (keys) and bytes of the keyed state table (a version, default latest)."""
+        from pyspark.sql import functions as F
+
+        if delta_io.latest_version(self.state_path, self.spark) is None:
+            return {"keys": 0, "bytes": 0}
+        row = (delta_io.read(self.spark, self.state_path, version=version)
+               .where(F.col(GROUP) >= 0)
+               .agg(F.count("*"), F.sum(F.length(STATE))).collect()[0])
+        return {"keys": int(row[0]), "bytes": int(row[1] or 0)}
+
+    def close(self) -> None:
+        for link in self._chain:
+            if not isinstance(link.broadcast, list):
+                link.broadcast.unpersist()
+        self._chain = []
+        self.broadcast.close()
+
+
+def _spark_state_schema() -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(STATE_SCHEMA)
+
+
+def _keyed_task_function(plan: KeyedTaskPlan) -> Any:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return run_keyed_task(plan, batches)
+
+    return run
+
+
+__all__ = ["KeyedBroadcastRuntime", "KeyedResult", "KeyedStateError", "StateMeta"]
