@@ -42,6 +42,7 @@ from lakecast import delta_io
 from lakecast.errors import LakecastError
 from lakecast.executor import OUTPUT_COLUMN
 from lakecast.progress import BatchCommit, BatchPlan, ProgressLog
+from lakecast.keyed_runtime import INTERNAL_SIDES, KeyedBroadcastRuntime, KeyedResult
 from lakecast.runtime import BroadcastResult
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ Validator = Callable[["DataFrame"], "DataFrame"]
 CRASH_ENV = "LAKECAST_CRASH_AT"
 """Fault injection for tests: ``LAKECAST_CRASH_AT=<point>`` kills the process with
 SIGKILL at that point of a batch (``planned``, ``read``, ``main_written``,
-``outputs_written``); ``<point>:<batch_id>`` limits it to one batch."""
+``outputs_written``, ``state_written``); ``<point>:<batch_id>`` limits it to one batch."""
 
 
 def _crash_point(point: str, batch_id: int) -> None:
@@ -99,6 +100,9 @@ class PipelineSpec:
     side_outputs: Mapping[str, str] = field(default_factory=dict)
     rejected_table: str | None = None
     max_versions_per_batch: int | None = None
+    #: the Delta table of a keyed function's state (:mod:`lakecast.keyed_runtime`): written
+    #: after the outputs, versioned with them, rolled back with them by a rewind
+    keyed_state_table: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,7 @@ class MicroBatchPipeline:
         validator: Validator | None = None,
         on_commit: OnCommit | None = None,
         on_rewind: Callable[[BatchPlan], None] | None = None,
+        keyed: KeyedBroadcastRuntime | None = None,
     ) -> None:
         self.spark = spark
         self.spec = spec
@@ -143,6 +148,13 @@ class MicroBatchPipeline:
         self.validator = validator
         self.on_commit = on_commit
         self.on_rewind = on_rewind
+        self.keyed = keyed
+        if keyed is not None:
+            if spec.keyed_state_table is None:
+                raise ValueError(f"{spec.name}: a keyed runtime needs spec.keyed_state_table")
+            if keyed.state_path != table_path(spec.keyed_state_table):
+                raise ValueError(f"{spec.name}: the keyed runtime's state_path "
+                                 f"{keyed.state_path} is not {spec.keyed_state_table}'s path")
 
     @property
     def output_tables(self) -> list[str]:
@@ -150,6 +162,8 @@ class MicroBatchPipeline:
         tables = [self.spec.output_table, *self.spec.side_outputs.values()]
         if self.spec.rejected_table:
             tables.append(self.spec.rejected_table)
+        if self.spec.keyed_state_table:
+            tables.append(self.spec.keyed_state_table)
         return tables
 
     def output_versions(self) -> dict[str, int]:
@@ -244,7 +258,10 @@ class MicroBatchPipeline:
             by_output = {
                 r[0]: r[1] for r in result.frame.groupBy(OUTPUT_COLUMN).count().collect()
             }
-            unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs)
+            keyed = isinstance(result, KeyedResult)
+            internal = set(INTERNAL_SIDES) if keyed else set()
+            unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs) \
+                - internal
             if unknown:
                 raise ReconciliationError(
                     f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
@@ -253,7 +270,14 @@ class MicroBatchPipeline:
             counts["enriched"] = by_output.get(None, 0)
             for side in self.spec.side_outputs:
                 counts[side] = by_output.get(side, 0)
-            produced = sum(v for k, v in counts.items() if k != "events_in")
+            if keyed:  # outputs are not 1:1 with events: the tasks count what they consumed
+                tasks = result.task_rows()
+                counts["processed"] = sum(r["events_in"] for r in tasks)
+                counts["changed_keys"] = sum(r["changed_keys"] for r in tasks)
+                counts["timers_fired"] = sum(r["timers_fired"] for r in tasks)
+                produced = counts["processed"] + counts.get("rejected", 0)
+            else:
+                produced = sum(v for k, v in counts.items() if k != "events_in")
             if produced != counts["events_in"]:
                 raise ReconciliationError(
                     f"batch {plan.batch_id}: events in = {counts['events_in']} but outputs add "
@@ -267,6 +291,11 @@ class MicroBatchPipeline:
             for side, table in self.spec.side_outputs.items():
                 if side in result.side_output_names:
                     self._write(result.side(side), table, side, plan)
+            if keyed:
+                assert self.keyed is not None
+                _crash_point("outputs_written", plan.batch_id)
+                self.keyed.commit(result)
+                _crash_point("state_written", plan.batch_id)
             metrics = result.metrics()
         finally:
             result.unpersist()
