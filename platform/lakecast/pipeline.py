@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 from lakecast import delta_io
 from lakecast.errors import LakecastError
 from lakecast.executor import OUTPUT_COLUMN
-from lakecast.progress import BatchCommit, BatchPlan, ProgressLog
 from lakecast.keyed_runtime import INTERNAL_SIDES, KeyedBroadcastRuntime, KeyedResult
+from lakecast.progress import BatchCommit, BatchPlan, ProgressLog
 from lakecast.runtime import BroadcastResult
 
 if TYPE_CHECKING:
