@@ -16,6 +16,14 @@ The broadcast state engine (see ``docs/engine.md``):
 - :mod:`lakecast.runtime`     task-local state on Spark (BroadcastRuntime)
 - :mod:`lakecast.harness`     in-memory test harness
 - :mod:`lakecast.metrics`     task/run metrics and the state-size budget
+
+Keyed broadcast processing (see ``docs/keyed.md``):
+
+- :mod:`lakecast.keyed`           KeyedBroadcastProcessFunction, keyed contexts, timers
+- :mod:`lakecast.keyed_state`     Value/List/Map/Reducing/Aggregating state, TTL, evolution
+- :mod:`lakecast.keyed_executor`  the Spark-free keyed core
+- :mod:`lakecast.keyed_runtime`   keyed state in Delta by key group, on Spark
+- :mod:`lakecast.keyed_harness`   in-memory test harness for keyed functions
 """
 
 from lakecast.api import (
@@ -32,6 +40,26 @@ from lakecast.api import (
 )
 from lakecast.enrich import Enrichment, Lookup, enrich
 from lakecast.harness import BroadcastTestHarness
+from lakecast.keyed import (
+    KeyedBroadcastProcessFunction,
+    KeyedContext,
+    KeyedReadOnlyContext,
+    OnTimerContext,
+    TimeDomain,
+    TimerRegistrationError,
+)
+from lakecast.keyed_harness import KeyedBroadcastTestHarness
+from lakecast.keyed_state import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    ReducingStateDescriptor,
+    StateSchemaError,
+    StateTtlConfig,
+    StateVisibility,
+    UpdateType,
+    ValueStateDescriptor,
+)
 from lakecast.metrics import (
     DEFAULT_STATE_BUDGET_BYTES,
     RunMetrics,
@@ -55,6 +83,8 @@ __all__ = [
     "DEFAULT_STATE_BUDGET_BYTES",
     "HELD",
     "UNMATCHED",
+    "AggregateFunction",
+    "AggregatingStateDescriptor",
     "BroadcastElement",
     "BroadcastOrderError",
     "BroadcastProcessFunction",
@@ -67,17 +97,31 @@ __all__ = [
     "Enrichment",
     "FrozenDict",
     "FrozenList",
+    "KeyedBroadcastProcessFunction",
+    "KeyedBroadcastTestHarness",
+    "KeyedContext",
+    "KeyedReadOnlyContext",
+    "ListStateDescriptor",
     "Lookup",
     "MapStateDescriptor",
+    "OnTimerContext",
     "OutputTag",
     "ReadOnlyBroadcastState",
     "ReadOnlyContext",
     "ReadOnlyStateError",
+    "ReducingStateDescriptor",
     "RunMetrics",
     "StateBudgetWarning",
     "StateDeclarationError",
+    "StateSchemaError",
+    "StateTtlConfig",
+    "StateVisibility",
     "TableMapState",
     "TaskMetrics",
+    "TimeDomain",
+    "TimerRegistrationError",
+    "UpdateType",
+    "ValueStateDescriptor",
     "enrich",
     "process_with_broadcast_state",
     "read_broadcast_elements",
