@@ -47,7 +47,7 @@ from lakecast.executor import Collector, OutputLayout, version_json
 from lakecast.keyed import KeyedBroadcastProcessFunction
 from lakecast.keyed_executor import EVENT, PROC, KeyedExecutor, fork_store, keyed_descriptors
 from lakecast.keyed_state import check_schema, schema_json
-from lakecast.metrics import DEFAULT_STATE_BUDGET_BYTES
+from lakecast.metrics import DEFAULT_STATE_BUDGET_BYTES, RunMetrics, TaskMetrics, check_budget
 from lakecast.runtime import BroadcastResult, BroadcastRuntime, ChainLink, TaskPlan
 from lakecast.source import BroadcastElement, latest_versions, read_broadcast_elements
 from lakecast.state import CHANGE_TYPE
@@ -266,6 +266,7 @@ class KeyedResult(BroadcastResult):
     batch_id: int = -1
     meta: StateMeta = field(default_factory=StateMeta)
     input_state_version: int | None = None
+    _task_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def side_output_names(self) -> list[str]:
@@ -281,7 +282,34 @@ class KeyedResult(BroadcastResult):
 
     def task_rows(self) -> list[dict[str, Any]]:
         """The accounting rows (runs the job if it has not run)."""
-        return [r.asDict() for r in self.tasks.collect()]
+        if self._task_rows is None:
+            self._task_rows = [r.asDict() for r in self.tasks.collect()]
+        return self._task_rows
+
+    def metrics(self) -> RunMetrics:
+        """Per-task metrics from the accounting rows; warns when broadcast state x
+        parallelism exceeds the budget."""
+        rows = self.task_rows()
+        tasks = [TaskMetrics(
+            partition=r["task"], pid=r["pid"], function_id="", cache=r["cache"],
+            elements_applied=r["broadcast_elements"], rows_applied=0,
+            state_version=dict(self.state_version),
+            state_bytes=r["broadcast_state_bytes"], rows_in=r["events_in"],
+            process_seconds=r["seconds"]) for r in rows]
+        m = RunMetrics(state_version=dict(self.state_version), tasks=tasks,
+                       budget_bytes=self.budget_bytes, refresh_seconds=self.refresh_seconds,
+                       new_elements=len(self.new_elements),
+                       new_element_rows=sum(e.num_rows for e in self.new_elements))
+        if tasks:
+            check_budget(m.state_bytes_per_task, m.parallelism, m.budget_bytes)
+        return m
+
+    def keyed_summary(self) -> dict[str, int]:
+        """Keyed-state numbers of the batch, summed over tasks (keys held, changed and
+        deleted keys, expired entries, timers fired, keyed state bytes)."""
+        keys = ("keys_held", "changed_keys", "deleted_keys", "expired_entries",
+                "timers_fired", "state_bytes", "events_in")
+        return {k: sum(int(r[k]) for r in self.task_rows()) for k in keys}
 
 
 class KeyedBroadcastRuntime:
