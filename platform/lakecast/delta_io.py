@@ -417,3 +417,203 @@ def merge_keyed_state(
     version = latest_version(path, spark)
     assert version is not None
     return version
+
+
+# --------------------------------------------------------------------------- direct reads
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+#: reader features a direct read handles (deletion vectors / column mapping only when unused)
+_DIRECT_READER_FEATURES = {"deletionVectors", "columnMapping", "timestampNtz", "v2Checkpoint",
+                           "vacuumProtocolCheck"}
+
+
+class DirectReadUnsupported(DeltaIOError):
+    """A table version cannot be read safely without Spark (the message says why)."""
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """The active data files of one table version, found by replaying ``_delta_log``
+    (newest classic checkpoint at or before the version, then the JSON commits after it).
+
+    Build it with :func:`table_files`; :meth:`read` reads the rows with pyarrow, as Spark's
+    ``read.format("delta").option("versionAsOf", version)`` would (same rows, same Arrow
+    schema as ``DataFrame.toArrow()``), without a Spark job — on the driver or in a task.
+    """
+
+    path: str
+    version: int
+    files: tuple[str, ...]  # absolute local paths, sorted
+    schema: pa.Schema  # the Arrow schema of Spark's toArrow() for this version
+    num_rows: int  # from the files' Parquet footers
+    nbytes: int  # uncompressed size of the files' row groups (an estimate of the Arrow size)
+
+    def read(self) -> pa.Table:
+        """The table's rows at :attr:`version` (reads the Parquet files)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parts = []
+        for f in self.files:
+            try:
+                t = pq.read_table(f, partitioning=None, coerce_int96_timestamp_unit="us")
+            except OSError as e:
+                raise DeltaIOError(f"{self.path}@v{self.version}: cannot read {f}: {e}") from e
+            parts.append(_conform(t, self.schema))
+        if not parts:
+            return self.schema.empty_table()
+        return pa.concat_tables(parts)
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` with exactly ``schema``'s columns (missing ones as nulls: added by schema
+    evolution after the file was written), cast to its types."""
+    import pyarrow as pa
+
+    cols = []
+    for f in schema:
+        if f.name in t.column_names:
+            c = t.column(f.name)
+            cols.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _arrow_schema(schema_json: str, large_types: bool = False) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    return to_arrow_schema(StructType.fromJson(json.loads(schema_json)),
+                           error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                           prefers_large_types=large_types)
+
+
+def _file_path(root: Path, name: str) -> Path:
+    if "://" in name or name.startswith("file:"):
+        if not name.startswith("file:"):
+            raise DirectReadUnsupported(f"data file {name} is not on the local filesystem")
+        return Path(unquote(re.sub(r"^file:(//)?", "", name)))
+    return root / unquote(name)
+
+
+def _replay(path: str, version: int, names: list[str]) -> tuple[dict[str, dict[str, Any]],
+                                                                 dict[str, Any], dict[str, Any]]:
+    """(active add actions by path, metaData, protocol) at ``version``."""
+    import pyarrow.parquet as pq
+
+    log = _local(path) / "_delta_log"
+    commits = {int(m.group(1)) for n in names if (m := _COMMIT.match(n))}
+    parts: dict[int, dict[int, list[str]]] = {}  # checkpoint version -> n_parts -> names
+    for n in names:
+        if m := _CHECKPOINT.match(n):
+            v, total = int(m.group(1)), int(m.group(3) or 1)
+            parts.setdefault(v, {}).setdefault(total, []).append(n)
+    start, cp_files = 0, []
+    for v in sorted((v for v in parts if v <= version), reverse=True):
+        complete = [sorted(ns) for total, ns in parts[v].items() if len(ns) == total]
+        if complete and all(c in commits for c in range(v + 1, version + 1)):
+            start, cp_files = v + 1, complete[0]
+            break
+    missing = [c for c in range(start, version + 1) if c not in commits]
+    if missing:
+        raise DirectReadUnsupported(
+            f"no classic checkpoint + JSON commits cover version {version} "
+            f"(missing commit files {missing[:3]}...)")
+    adds: dict[str, dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    protocol: dict[str, Any] = {}
+    for name in cp_files:
+        t = pq.read_table(log / name, columns=["add", "metaData", "protocol"])
+        for a in t.column("add").to_pylist():
+            if a is not None:
+                adds[_file_key(a)] = a
+        for m in t.column("metaData").to_pylist():
+            if m is not None:  # Parquet maps come back as (key, value) lists
+                meta = {**m, "configuration": dict(m.get("configuration") or [])}
+        for p in t.column("protocol").to_pylist():
+            if p is not None:
+                protocol = p
+    for c in range(start, version + 1):
+        added, removed = [], []
+        for line in (log / f"{c:020d}.json").read_text().splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "add" in action:
+                added.append(action["add"])
+            elif "remove" in action:
+                removed.append(action["remove"])
+            elif "metaData" in action:
+                meta = action["metaData"]
+            elif "protocol" in action:
+                protocol = action["protocol"]
+        # a commit's actions are a set: its removes apply to the files before it (a DELETE
+        # with deletion vectors removes (file) and adds (file + DV) in one commit)
+        for r in removed:
+            adds.pop(_file_key(r), None)
+        for a in added:
+            adds[_file_key(a)] = a
+    return adds, meta, protocol
+
+
+def _file_key(action: dict[str, Any]) -> str:
+    """A file's identity in log replay: its path and deletion vector (Delta's spec)."""
+    dv = action.get("deletionVector")
+    if not dv:
+        return str(action["path"])
+    return f"{action['path']}#{dv.get('storageType')}{dv.get('pathOrInlineDv')}@{dv.get('offset')}"
+
+
+def table_files(path: str, version: int, *, large_types: bool = False) -> TableFiles:
+    """The files and Arrow schema of version ``version`` of the table at ``path``, from
+    its log, to read it without Spark (:meth:`TableFiles.read`).
+
+    Raises :class:`DirectReadUnsupported` (with the reason) when that is not safe and
+    Spark must read it: URI paths, deletion vectors in use, column mapping, partition
+    columns (their values are not in the files), reader features or checkpoint formats
+    not handled here (V2 checkpoints are skipped for older classic ones or the JSON
+    commits), files missing, or file schemas that do not convert.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _is_uri(path):
+        raise DirectReadUnsupported(f"{path} is not on the local filesystem")
+    names = _log_names(path, None)
+    if not names:
+        raise DeltaIOError(f"{path} is not a Delta table")
+    adds, meta, protocol = _replay(path, version, names)
+    if not meta:
+        raise DirectReadUnsupported(f"{path}@v{version}: no metaData action found")
+    features = set(protocol.get("readerFeatures") or [])
+    if int(protocol.get("minReaderVersion", 1)) > 3 or features - _DIRECT_READER_FEATURES:
+        raise DirectReadUnsupported(
+            f"reader protocol {protocol.get('minReaderVersion')} with features "
+            f"{sorted(features - _DIRECT_READER_FEATURES)}")
+    conf = meta.get("configuration") or {}
+    if conf.get("delta.columnMapping.mode", "none") != "none":
+        raise DirectReadUnsupported(
+            f"column mapping mode {conf['delta.columnMapping.mode']!r}")
+    if meta.get("partitionColumns"):
+        raise DirectReadUnsupported(
+            f"partition columns {list(meta['partitionColumns'])} are not in the data files")
+    if any(a.get("deletionVector") for a in adds.values()):
+        raise DirectReadUnsupported("deletion vectors in use")
+    schema = _arrow_schema(meta["schemaString"], large_types)
+    root = _local(path)
+    files, n_rows, n_bytes = [], 0, 0
+    for name in sorted(a["path"] for a in adds.values()):
+        f = _file_path(root, name)
+        try:
+            pf = pq.ParquetFile(f, coerce_int96_timestamp_unit="us")
+        except OSError as e:
+            raise DirectReadUnsupported(f"cannot open data file {f}: {e}") from e
+        md = pf.metadata
+        n_rows += md.num_rows
+        n_bytes += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        try:  # every file's columns convert to the table's types
+            _conform(pf.schema_arrow.empty_table(), schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise DirectReadUnsupported(f"{f}: file schema does not convert: {e}") from e
+        files.append(str(f))
+    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes)

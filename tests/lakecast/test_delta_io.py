@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
+import pytest
 from pyspark.sql import functions as F
 
 from lakecast import delta_io
@@ -74,3 +77,112 @@ def test_merge_without_changes_commits_nothing_new(spark, lake):
     assert delta_io.read_changes(spark, path, again.version, again.version).filter(
         "_change_type != 'insert' OR _commit_version > 0"
     ).count() == 0
+
+
+# ----------------------------------------------------------------------------- direct reads
+def _sorted(table, key="id"):
+    return table.sort_by([(key, "ascending")])
+
+
+def _assert_same_as_spark(spark, path, version):
+    """table_files(...).read() equals Spark's own read of the version (rows and schema)."""
+    files = delta_io.table_files(path, version)
+    got = files.read()
+    want = delta_io.read(spark, path, version=version).toArrow()
+    assert got.schema.names == want.schema.names
+    assert [f.type for f in got.schema] == [f.type for f in want.schema]
+    assert files.num_rows == want.num_rows
+    assert _sorted(got).to_pylist() == _sorted(want.cast(got.schema)).to_pylist()
+
+
+def _typed(spark, ids, tag):
+    return spark.range(*ids).select(
+        F.col("id"), F.concat(F.lit(tag), F.col("id").cast("string")).alias("name"),
+        (F.col("id") * 1.5).alias("score"),
+        (F.col("id") * 0.01).cast("decimal(10,2)").alias("price"),
+        F.expr("date_add(DATE'2026-01-01', cast(id % 30 as int))").alias("day"),
+        F.expr("timestamp_seconds(1767225600 + id)").alias("ts"),
+        (F.col("id") % 2 == 0).alias("even"),
+        F.array(F.lit(tag), F.col("id").cast("string")).alias("tags"),
+        F.when(F.col("id") % 7 == 0, None).otherwise(F.col("id")).alias("maybe"),
+    )
+
+
+def test_table_files_equal_spark_reads_after_merge_deletes_checkpoint_and_evolution(spark, lake):
+    path = lake.table_path("direct")
+    delta_io.write(_typed(spark, (0, 300), "a"), path, mode="overwrite")  # v0
+    # v1: MERGE updating 1/10 of the rows, inserting 50 and deleting the rows gone from it
+    src = _typed(spark, (20, 350), "a").withColumn(
+        "name", F.when(F.col("id") % 10 == 0, F.lit("changed")).otherwise(F.col("name")))
+    res = delta_io.merge_upsert(spark, src, path, keys=["id"], delete_missing=True)
+    assert res.deleted == 20 and res.updated > 0 and res.inserted == 50
+    for v in range(0, 2):
+        _assert_same_as_spark(spark, path, v)
+    # many small commits: Delta writes a checkpoint at version 10
+    for i in range(2, 13):
+        delta_io.write(_typed(spark, (1000 + 10 * i, 1005 + 10 * i), f"w{i}"), path)
+        if i % 3 == 0:
+            delta_io.delete(spark, path, f"id = {1000 + 10 * (i - 1)}")
+    log = sorted(p.name for p in (Path(path) / "_delta_log").iterdir())
+    assert any(".checkpoint." in n and n.endswith(".parquet") for n in log), log
+    latest = delta_io.latest_version(path)
+    assert latest is not None and latest > 10
+    for v in (9, 10, latest):
+        _assert_same_as_spark(spark, path, v)
+    # schema evolution: a new column; older files have no such column (nulls)
+    delta_io.write(_typed(spark, (5000, 5010), "e").withColumn("extra", F.lit("x")), path,
+                   merge_schema=True)
+    _assert_same_as_spark(spark, path, latest + 1)
+    # the log before the checkpoint is gone (log cleanup): the checkpoint alone serves it
+    for n in log:
+        if n.endswith(".json") and int(n.split(".")[0]) < 10:
+            (Path(path) / "_delta_log" / n).unlink()
+    _assert_same_as_spark(spark, path, latest + 1)
+    with pytest.raises(delta_io.DirectReadUnsupported, match="no classic checkpoint"):
+        delta_io.table_files(path, 5)
+
+
+@pytest.mark.parametrize("kind", ["deletion_vectors", "partitioned", "column_mapping"])
+def test_table_files_refuses_what_it_cannot_read(spark, lake, kind):
+    path = lake.table_path(f"unsafe_{kind}")
+    df = _typed(spark, (0, 50), "u")
+    if kind == "partitioned":
+        delta_io.write(df, path, mode="overwrite", partition_by=["even"])
+        match = "partition columns"
+    else:
+        delta_io.write(df, path, mode="overwrite")
+        prop = ("'delta.enableDeletionVectors' = 'true'" if kind == "deletion_vectors" else
+                "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', "
+                "'delta.minWriterVersion' = '5'")
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({prop})")
+        delta_io.delete(spark, path, "id = 3")
+        match = "deletion vectors" if kind == "deletion_vectors" else "column mapping"
+    with pytest.raises(delta_io.DirectReadUnsupported, match=match):
+        delta_io.table_files(path, delta_io.latest_version(path))
+    # the broadcast source falls back to Spark and says so
+    from lakecast import read_broadcast_elements
+    from lakecast.source import DeltaFilesElement
+
+    (el,) = read_broadcast_elements(spark, {"t": path}, {})
+    assert not isinstance(el, DeltaFilesElement)
+    assert "read with Spark" in el.reason and el.num_rows == 49 + (kind == "partitioned")
+
+
+def test_source_full_element_is_a_file_list_that_pickles_without_rows(spark, lake):
+    import pickle
+
+    from lakecast import read_broadcast_elements
+    from lakecast.source import DeltaFilesElement
+
+    path = lake.table_path("files_element")
+    delta_io.write(_typed(spark, (0, 2000), "f"), path, mode="overwrite")
+    (el,) = read_broadcast_elements(spark, {"t": path}, {})
+    assert isinstance(el, DeltaFilesElement) and el.kind == "full" and el.num_rows == 2000
+    assert "initial load" in el.reason
+    small = len(pickle.dumps(el))
+    want = delta_io.read(spark, path).toArrow()
+    assert el.schema == want.schema
+    assert _sorted(el.rows).to_pylist() == _sorted(want).to_pylist()
+    assert len(pickle.dumps(el)) == small < want.nbytes / 10  # rows never travel
+    copy = pickle.loads(pickle.dumps(el))
+    assert copy.num_rows == 2000 and _sorted(copy.rows).equals(_sorted(el.rows))
