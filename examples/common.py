@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lakecast import delta_io
+from lakecast.executor import VERSION_COLUMN
 from lakecast.keyed import KeyedBroadcastProcessFunction
 from lakecast.keyed_harness import KeyedBroadcastTestHarness
 from lakecast.source import BroadcastElement
@@ -190,9 +191,8 @@ class SparkDriver:
                                       processing_time=step.processing_time)
         result.persist()
         try:
-            got = Outputs(main=[r.asDict(recursive=True) for r in result.main.collect()],
-                          side={t: [r.asDict(recursive=True) for r in result.side(t).collect()]
-                                for t in self.side_tags})
+            got = Outputs(main=_collect(result.main),
+                          side={t: _collect(result.side(t)) for t in self.side_tags})
             self.runtime.commit(result)
         finally:
             result.unpersist()
@@ -204,6 +204,13 @@ class SparkDriver:
         for s in steps:
             self.step(s)
         return self.outputs
+
+
+def _collect(frame: Any) -> list[Row]:
+    """A result frame's rows as dicts, without the lineage column."""
+    if VERSION_COLUMN in frame.columns:
+        frame = frame.drop(VERSION_COLUMN)
+    return [r.asDict(recursive=True) for r in frame.collect()]
 
 
 def run_on_spark(make_driver: Callable[[Any, str], SparkDriver], steps: Sequence[Step],
