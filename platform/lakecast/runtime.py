@@ -31,7 +31,7 @@ import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -53,7 +53,12 @@ from lakecast.metrics import (
     check_budget,
     latest_per_partition,
 )
-from lakecast.source import BroadcastElement, latest_versions, read_broadcast_elements
+from lakecast.source import (
+    BroadcastElement,
+    DeltaFilesElement,
+    latest_versions,
+    read_broadcast_elements,
+)
 from lakecast.state import CHANGE_TYPE
 
 if TYPE_CHECKING:
@@ -116,8 +121,12 @@ def _acquire(plan: TaskPlan) -> tuple[Executor, str, int, int]:
     before_e, before_r = entry.executor.store.elements_applied, entry.executor.store.rows_applied
     _CACHE.pop(plan.function_id, None)  # a failure below must not leave a half-applied state
     for link in plan.chain[start:]:
-        entry.executor.apply_broadcast(link.elements())
+        elements = link.elements()
+        entry.executor.apply_broadcast(elements)
         entry.key = link.to_key
+        for e in elements:  # rows read from files are in the state now: drop the copy
+            if isinstance(e, DeltaFilesElement):
+                e.release()
     _CACHE[plan.function_id] = entry
     while len(_CACHE) > MAX_CACHED_FUNCTIONS:
         _CACHE.popitem(last=False)
@@ -222,9 +231,10 @@ class BroadcastResult:
         """Main output rows (with ``_state_version`` when lineage is on)."""
         from pyspark.sql import functions as F
 
-        return self.frame.where(F.col(OUTPUT_COLUMN).isNull()).select(
-            *self._cols(self.layout.main.names)
-        )
+        frame = self.frame
+        if self.layout.sides:  # without side outputs, every row is a main row
+            frame = frame.where(F.col(OUTPUT_COLUMN).isNull())
+        return frame.select(*self._cols(self.layout.main.names))
 
     def side(self, tag: OutputTag | str) -> DataFrame:
         """Rows of side output ``tag``."""
@@ -344,7 +354,7 @@ class BroadcastRuntime:
         for e in elements:  # table schemas for bind_tables: full reads are authoritative
             if e.kind != "full" and e.table in self._schemas:
                 continue
-            schema = e.rows.schema
+            schema = e.schema  # (a DeltaFilesElement knows it without reading rows)
             if CHANGE_TYPE in schema.names:
                 schema = schema.remove(schema.get_field_index(CHANGE_TYPE))
             self._schemas[e.table] = schema
@@ -424,6 +434,7 @@ class BroadcastRuntime:
 
         Returns a lazy :class:`BroadcastResult`; nothing runs until an action.
         """
+        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
         t0 = time.perf_counter()
@@ -432,8 +443,12 @@ class BroadcastRuntime:
         tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
         input_schema = to_arrow_schema(events.schema, timezone=tz)
         plan = self.plan(input_schema, watermark)
+        layout = plan.layout
         acc = self.spark.sparkContext.accumulator([], _list_param())
-        plan = TaskPlan(**{**plan.__dict__, "accumulator": acc})
+        # lineage: the state version is fixed here, before the job, so the JVM adds it as
+        # a literal column; tasks still check that they are at exactly this version
+        task_layout = replace(layout, lineage=False)
+        plan = TaskPlan(**{**plan.__dict__, "layout": task_layout, "accumulator": acc})
         parallelism = self.spark.sparkContext.defaultParallelism  # estimate; tasks report
         if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
             warnings.warn(
@@ -443,10 +458,16 @@ class BroadcastRuntime:
                 StateBudgetWarning,
                 stacklevel=2,
             )
-        spark_schema = from_arrow_schema(plan.layout.schema, prefer_timestamp_ntz=False)
+        spark_schema = from_arrow_schema(task_layout.schema, prefer_timestamp_ntz=False)
         frame = events.mapInArrow(_task_function(plan), spark_schema)
+        if layout.lineage:
+            version = plan.chain[-1].to_key if plan.chain else version_json({})
+            frame = frame.select(*[
+                F.lit(version).alias(VERSION_COLUMN) if n == VERSION_COLUMN else F.col(f"`{n}`")
+                for n in layout.schema.names
+            ])
         return BroadcastResult(
-            frame, plan.layout, dict(self.version), new, acc, self.state_budget_bytes, refresh_s
+            frame, layout, dict(self.version), new, acc, self.state_budget_bytes, refresh_s
         )
 
     def close(self) -> None:

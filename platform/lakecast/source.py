@@ -62,6 +62,11 @@ class BroadcastElement:
     def nbytes(self) -> int:
         return int(self.rows.nbytes)
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of :attr:`rows`."""
+        return self.rows.schema
+
     def upserts(self) -> pa.Table:
         """Rows that are current after this version (inserts and update post-images)."""
         return split_changes(self)[0]
@@ -112,6 +117,58 @@ class BroadcastElement:
         return cls(table, version, ts, kind, t, reason)
 
 
+class DeltaFilesElement(BroadcastElement):
+    """A ``full`` element whose rows are the Parquet files of one table version
+    (:class:`lakecast.delta_io.TableFiles`), read on first access of :attr:`rows`.
+
+    The runtime ships it to the tasks as a file list, so each task that builds its state
+    reads the files itself (no Spark job on the driver, no rows in the broadcast).
+    ``num_rows``, ``nbytes`` and ``schema`` come from the log and the Parquet footers
+    without reading the rows. It pickles without its rows; :meth:`release` drops them.
+    """
+
+    def __init__(self, table: str, version: int, commit_timestamp: int,
+                 kind: ElementKind = "full", rows: pa.Table | None = None, reason: str = "",
+                 operation: str = "", meta: Mapping[str, Any] | None = None, *,
+                 files: delta_io.TableFiles | None = None) -> None:
+        # same positional fields as BroadcastElement (rows given: a plain element)
+        if files is None and rows is None:
+            raise ValueError("a DeltaFilesElement needs files (or rows)")
+        fields = {"table": table, "version": version, "commit_timestamp": commit_timestamp,
+                  "kind": kind, "reason": reason, "operation": operation, "meta": meta or {},
+                  "files": files, "_rows": rows}
+        for k, v in fields.items():
+            object.__setattr__(self, k, v)
+
+    @property
+    def rows(self) -> pa.Table:  # type: ignore[override]
+        if self._rows is None:
+            object.__setattr__(self, "_rows", self.files.read())
+        return self._rows
+
+    @property
+    def num_rows(self) -> int:
+        return self.files.num_rows if self.files is not None else self._rows.num_rows
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.files.nbytes if self._rows is None else self._rows.nbytes)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.files.schema if self.files is not None else self._rows.schema
+
+    def release(self) -> None:
+        """Forget the rows read so far (they are read again on the next access)."""
+        if self.files is not None:
+            object.__setattr__(self, "_rows", None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.files is None:
+            return dict(self.__dict__)
+        return {**self.__dict__, "_rows": None}
+
+
 class CdfUnavailable(Exception):
     """The Change Data Feed cannot serve a version range."""
 
@@ -132,8 +189,23 @@ def order_elements(elements: Iterable[BroadcastElement]) -> list[BroadcastElemen
     return [e for _, e in keyed]
 
 
-def _full(spark: SparkSession, name: str, path: str, version: int, reason: str) -> BroadcastElement:
+def _full(spark: SparkSession, name: str, path: str, version: int, reason: str,
+          direct: bool = True) -> BroadcastElement:
+    """The whole table at ``version``: as its file list (read where the rows are needed,
+    :class:`DeltaFilesElement`) when that is safe, else read by Spark now (and the reason
+    says why)."""
     info = delta_io.commit_info(path, version, spark)
+    if direct:
+        large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+        try:
+            files = delta_io.table_files(path, version, large_types=large)
+        except delta_io.DirectReadUnsupported as e:
+            reason = f"{reason} (read with Spark: {e})"
+        else:
+            log.info("broadcast %s@v%d: full (%d rows in %d files): %s", name, version,
+                     files.num_rows, len(files.files), reason)
+            return DeltaFilesElement(name, version, info.timestamp_ms, reason=reason,
+                                     operation=info.operation, files=files)
     rows = delta_io.read(spark, path, version=version).toArrow()
     log.info("broadcast %s@v%d: full (%d rows): %s", name, version, rows.num_rows, reason)
     return BroadcastElement(
@@ -200,6 +272,7 @@ def read_broadcast_elements(
     until: Mapping[str, int] | None = None,
     *,
     fast_path: bool = True,
+    direct_full: bool = True,
 ) -> list[BroadcastElement]:
     """The ordered broadcast elements of ``tables`` after the versions in ``since``.
 
@@ -207,6 +280,8 @@ def read_broadcast_elements(
     ``until[name]`` caps the version read (default: the newest). Tables that do not
     exist yet are skipped. ``fast_path`` reads simple commits' change files directly
     (:func:`lakecast.delta_io.read_changes_from_log`) instead of running a Spark job.
+    ``direct_full`` returns full tables as :class:`DeltaFilesElement` s (their files are
+    read where the rows are needed) when that is safe, instead of reading them with Spark.
     """
     elements: list[BroadcastElement] = []
     for name in sorted(tables):
@@ -220,13 +295,14 @@ def read_broadcast_elements(
         if prev is not None and prev >= latest:
             continue
         if prev is None:
-            elements.append(_full(spark, name, path, latest, "no previous version: initial load"))
+            elements.append(_full(spark, name, path, latest, "no previous version: initial load",
+                                  direct_full))
             continue
         try:
             elements.extend(_changes(spark, name, path, prev + 1, latest, fast_path))
         except CdfUnavailable as e:
             reason = f"CDF does not cover versions {prev + 1}..{latest}: {e}"
-            elements.append(_full(spark, name, path, latest, reason))
+            elements.append(_full(spark, name, path, latest, reason, direct_full))
     return order_elements(elements)
 
 

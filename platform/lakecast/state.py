@@ -494,17 +494,31 @@ class TableMapState(BroadcastState):
         if self._alive is not None:
             pos = np.where((pos >= 0) & self._alive[np.maximum(pos, 0)], pos, -1)
         base = self._base.select(list(columns))
+        hit = None
         if self._over is not None and self._over_index is not None:
             opos = self._over_index.get_indexer(probe)
             hit = opos >= 0
-            if hit.any():
-                pos = np.where(hit, opos + self._base.num_rows, pos)
-                base = pa.concat_tables([base, self._over.select(list(columns))])
+            if null_mask is not None:
+                hit &= ~null_mask
+            if not hit.any():
+                hit = None
         found = pos >= 0
         if null_mask is not None:
             found &= ~null_mask
+        if hit is not None:
+            found &= ~hit  # base rows that are not shadowed by the overlay
         indices = pa.array(pos) if found.all() else pa.array(pos, mask=~found)
-        return base.take(indices), found
+        taken = base.take(indices)
+        if hit is None:
+            return taken, found
+        # overlay rows: a second take and a select (a take over base + overlay chunks would
+        # concatenate the whole base first)
+        over = self._over.select(list(columns)).take(pa.array(np.maximum(opos, 0)))
+        h = pa.array(hit)
+        taken = pa.Table.from_arrays(
+            [pc.if_else(h, over.column(c), taken.column(c)) for c in columns],
+            schema=taken.schema) if len(columns) else taken
+        return taken, found | hit
 
     def nbytes(self) -> int:
         self._flush()
