@@ -49,7 +49,12 @@ from lakecast.keyed_executor import EVENT, PROC, KeyedExecutor, fork_store, keye
 from lakecast.keyed_state import check_schema, schema_json
 from lakecast.metrics import DEFAULT_STATE_BUDGET_BYTES, RunMetrics, TaskMetrics, check_budget
 from lakecast.runtime import BroadcastResult, BroadcastRuntime, ChainLink, TaskPlan
-from lakecast.source import BroadcastElement, latest_versions, read_broadcast_elements
+from lakecast.source import (
+    BroadcastElement,
+    DeltaFilesElement,
+    latest_versions,
+    read_broadcast_elements,
+)
 from lakecast.state import CHANGE_TYPE
 
 if TYPE_CHECKING:
@@ -124,7 +129,11 @@ def _acquire_keyed(plan: TaskPlan) -> tuple[KeyedExecutor, str]:
     ex.keyed_effects = False
     key = cached[1] if status == "warm" else None
     for link in plan.chain[start:]:
-        ex.apply_broadcast(link.elements())
+        elements = link.elements()
+        ex.apply_broadcast(elements)
+        for e in elements:  # rows read from files are in the state now: drop the copy
+            if isinstance(e, DeltaFilesElement):
+                e.release()
         key = link.to_key
     _KEYED_CACHE[plan.function_id] = (ex, key)
     while len(_KEYED_CACHE) > MAX_CACHED_FUNCTIONS:
@@ -451,8 +460,10 @@ class KeyedBroadcastRuntime:
         new_bc: Any = self.spark.sparkContext.broadcast(new) if new else []
         for e in new:  # table schemas for bind_tables (full reads are authoritative)
             if e.kind == "full" or e.table not in self.broadcast._schemas:
-                names = [c for c in e.rows.schema.names if c != CHANGE_TYPE]
-                self.broadcast._schemas[e.table] = e.rows.select(names).schema
+                schema = e.schema  # a DeltaFilesElement knows it without reading its rows
+                if CHANGE_TYPE in schema.names:
+                    schema = schema.remove(schema.get_field_index(CHANGE_TYPE))
+                self.broadcast._schemas[e.table] = schema
 
         # watermark: max(previous, max event time - delay)
         tcol = self.timestamp_column
