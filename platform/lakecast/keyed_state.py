@@ -510,17 +510,26 @@ class _State:
         if self._raw() is not None:
             self._set(None)
 
+    def _current(self) -> Any:
+        """The single stored value if visible, without refreshing its TTL."""
+        raw = self._raw()
+        return None if raw is None or not self._visible(raw[1]) else raw[0]
 
-class ValueState(_State):
-    """One value of the current key."""
-
-    def value(self) -> Any:
+    def _read_single(self) -> Any:
+        """The single stored value (value/reducing/aggregating), TTL-aware."""
         raw = self._raw()
         if raw is None or not self._visible(raw[1]):
             return None
         if self._refresh_on_read():
             self._set((raw[0], self._now()))
         return raw[0]
+
+
+class ValueState(_State):
+    """One value of the current key."""
+
+    def value(self) -> Any:
+        return self._read_single()
 
     def update(self, value: Any) -> None:
         self._set(None if value is None else (value, self._now()))
@@ -610,16 +619,10 @@ class ReducingState(_State):
     """One value of the current key, folded with the descriptor's ``reduce_function``."""
 
     def get(self) -> Any:
-        raw = self._raw()
-        if raw is None or not self._visible(raw[1]):
-            return None
-        if self._refresh_on_read():
-            self._set((raw[0], self._now()))
-        return raw[0]
+        return self._read_single()
 
     def add(self, value: Any) -> None:
-        raw = self._raw()
-        current = None if raw is None or not self._visible(raw[1]) else raw[0]
+        current = self._current()
         fn = self.descriptor.reduce_function  # type: ignore[union-attr]
         self._set((value if current is None else fn(current, value), self._now()))
 
@@ -627,21 +630,15 @@ class ReducingState(_State):
 class AggregatingState(_State):
     """An accumulator of the current key (``get()`` returns the aggregate's result)."""
 
-    def _acc(self) -> Any:
-        raw = self._raw()
-        return None if raw is None or not self._visible(raw[1]) else raw[0]
-
     def get(self) -> Any:
-        acc = self._acc()
+        acc = self._read_single()
         if acc is None:
             return None
-        if self._refresh_on_read():
-            self._set((acc, self._now()))
         return self.descriptor.aggregate_function.get_result(acc)  # type: ignore[union-attr]
 
     def add(self, value: Any) -> None:
         agg = self.descriptor.aggregate_function  # type: ignore[union-attr]
-        acc = self._acc()
+        acc = self._current()
         if acc is None:
             acc = agg.create_accumulator()
         self._set((agg.add(value, acc), self._now()))

@@ -3,7 +3,6 @@ restore after a kill, rewind to a checkpoint, TTL and schema evolution of Delta 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -18,7 +17,12 @@ from lakecast.keyed_runtime import KeyedBroadcastRuntime
 from lakecast.keyed_state import StateSchemaError, StateTtlConfig, ValueStateDescriptor
 from lakecast.pipeline import rewind
 from tests.lakecast import keyed_job as kj
-from tests.lakecast.test_keyed_state import ProfileBadType, ProfileV1, ProfileV2
+from tests.lakecast.test_keyed_state import (
+    ProfileBadType,
+    ProfileV1,
+    ProfileV2,
+    _profile_function,
+)
 
 THRESHOLDS = [50.0, 50.0, 80.0]  # the broadcast threshold changes before batch 2
 
@@ -144,38 +148,14 @@ def test_ttl_drops_expired_keys_from_the_delta_state(spark, tmp_path):
     assert batch(3, [], at=5_000)["keys"] == 0  # everything expired, nothing grows forever
 
 
-def _profiles(cls):
-    desc = ValueStateDescriptor("profile", cls)
-
-    class Profiles(KeyedBroadcastProcessFunction):
-        key_by = "user"
-
-        def keyed_state_descriptors(self):
-            return [desc]
-
-        def output_schema(self, input_schema):
-            import pyarrow as pa
-            return pa.schema([("user", pa.string()), ("visits", pa.int64())])
-
-        def process_element(self, value, ctx):
-            state = ctx.get_state(desc)
-            p = state.value()
-            p = cls(name=value["user"], visits=1) if p is None else dataclasses.replace(
-                p, visits=p.visits + 1)
-            state.update(p)
-            yield {"user": value["user"], "visits": p.visits}
-
-    return Profiles()
-
-
 def test_state_schema_evolution_on_restore_and_a_breaking_change_fails_first(spark, tmp_path):
     state, tables = str(tmp_path / "state"), {"none": str(tmp_path / "none")}
     df = spark.createDataFrame([("a",), ("b",), ("a",)], "user string")
 
     def run(cls, batch_id):
-        rt = KeyedBroadcastRuntime(spark, _profiles(cls), tables, state, key_groups=4)
+        rt = KeyedBroadcastRuntime(spark, _profile_function(cls), tables, state, key_groups=4)
         r = rt.process(df, batch_id=batch_id, processing_time=0).persist()
-        got = sorted(tuple(x) for x in r.main.select("user", "visits").collect())
+        got = sorted((x.user, x.profile["visits"]) for x in r.main.collect())
         rt.commit(r)
         r.unpersist()
         return got

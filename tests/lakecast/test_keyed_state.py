@@ -301,6 +301,13 @@ def _profile_function(cls: type) -> KeyedBroadcastProcessFunction:
         def keyed_state_descriptors(self):
             return [desc]
 
+        def output_schema(self, input_schema):
+            import pyarrow as pa
+
+            types = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+            fields = [(f.name, types[str(f.type)]) for f in dataclasses.fields(cls)]
+            return pa.schema([("user", pa.string()), ("profile", pa.struct(fields))])
+
         def process_element(self, value, ctx):
             state = ctx.get_state(desc)
             p = state.value()
