@@ -288,7 +288,7 @@ def run_lakecast(spark: SparkSession, root: str, events_path: str,
         version = append()  # untimed, as on the TWS side
         t0 = time.perf_counter()
         runtime = KeyedBroadcastRuntime(  # a new unit of work per batch (a Dagster run)
-            spark, CountAndLastKeyed(), {"no_broadcast": f"{root}/no_broadcast"}, state_path,
+            spark, CountAndLastKeyed(), {}, state_path,
             order_columns=("seq",), key_groups=128, parallelism=parallelism, lineage=False)
         if previous is None:
             events = delta_io.read(spark, events_path, version=version)

@@ -358,7 +358,9 @@ class KeyedBroadcastRuntime:
         self.max_chain = max_chain
         fid = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
         # the broadcast side: its chain of broadcast variables and the worker cache
-        self.broadcast = BroadcastRuntime(spark, function, tables, lineage=lineage,
+        # (a function may have no broadcast table: keyed state only)
+        chain_tables = dict(tables) or {"__none__": f"{state_path}/__no_broadcast_table__"}
+        self.broadcast = BroadcastRuntime(spark, function, chain_tables, lineage=lineage,
                                           timestamp_column=timestamp_column,
                                           state_budget_bytes=state_budget_bytes,
                                           function_id=fid)

@@ -130,8 +130,7 @@ class LastSeen(KeyedBroadcastProcessFunction):
 
 def test_ttl_drops_expired_keys_from_the_delta_state(spark, tmp_path):
     state = str(tmp_path / "state")
-    rt = KeyedBroadcastRuntime(spark, LastSeen(), {"none": str(tmp_path / "none")}, state,
-                               key_groups=8)
+    rt = KeyedBroadcastRuntime(spark, LastSeen(), {}, state, key_groups=8)
 
     def batch(b, users, at):
         df = spark.createDataFrame([(u, b) for u in users], "user_id long, ts long")
@@ -149,7 +148,7 @@ def test_ttl_drops_expired_keys_from_the_delta_state(spark, tmp_path):
 
 
 def test_state_schema_evolution_on_restore_and_a_breaking_change_fails_first(spark, tmp_path):
-    state, tables = str(tmp_path / "state"), {"none": str(tmp_path / "none")}
+    state, tables = str(tmp_path / "state"), {}
     df = spark.createDataFrame([("a",), ("b",), ("a",)], "user string")
 
     def run(cls, batch_id):
