@@ -398,15 +398,18 @@ def merge_keyed_state(
 ) -> int:
     """Apply per-key state changes in ONE commit: a row whose ``state_column`` is null
     deletes its key, any other row upserts it. Creates the table (with deletion vectors,
-    so a MERGE touching few keys does not rewrite whole files) when it does not exist.
+    so a MERGE touching few keys does not rewrite whole files, and without a change
+    feed) when it does not exist.
     Re-applying the same changes gives the same table (idempotent)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    if latest_version(path, spark) is None:
-        write(changes.where(F.col(state_column).isNotNull()), path, mode="overwrite")
-        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-                  "('delta.enableDeletionVectors' = 'true')")
+    if latest_version(path, spark) is None:  # one commit, with its properties
+        (changes.where(F.col(state_column).isNotNull()).writeTo(f"delta.`{path}`")
+         .using("delta")
+         .tableProperty("delta.enableDeletionVectors", "true")
+         .tableProperty("delta.enableChangeDataFeed", "false")  # nobody reads its feed
+         .create())
     else:
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         (DeltaTable.forPath(spark, path).alias("t").merge(changes.alias("s"), on)
