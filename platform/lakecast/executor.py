@@ -216,8 +216,12 @@ class Executor:
 
     def process_rows(self, rows: Sequence[Mapping[str, Any]]) -> Collector:
         """Per-element entry point for plain Python rows (the harness)."""
+        return self._run_rows(rows, _ReadOnlyCtx(self))
+
+    def _run_rows(self, rows: Sequence[Mapping[str, Any]], ctx: _ReadOnlyCtx) -> Collector:
+        """``process_element`` over rows in order with ``ctx``, or every row to the
+        missing-state side output while the broadcast state is not available."""
         fn = self.function
-        ctx = _ReadOnlyCtx(self)
         if not self.state_available() and fn.missing_state != "default":
             tag = UNMATCHED if fn.missing_state == "unmatched" else HELD
             for r in rows:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from lakecast.api import HELD, UNMATCHED, MapStateDescriptor, StateDeclarationError
-from lakecast.executor import Collector, Executor, _Ctx, _items, _ReadOnlyCtx, to_epoch_ms
+from lakecast.api import MapStateDescriptor, StateDeclarationError
+from lakecast.executor import Collector, Executor, _Ctx, _items, _ReadOnlyCtx
 from lakecast.keyed import (
     KeyedBroadcastProcessFunction,
     KeyedContext,
@@ -205,23 +205,11 @@ class KeyedExecutor(Executor):
     # -- events ----------------------------------------------------------------------
     def process_key(self, key: Hashable, rows: Sequence[Mapping[str, Any]]) -> Collector:
         """Process one key's events, in the given order, with its keyed state."""
-        fn = self.function
-        ctx = _KeyedROCtx(self)
-        if not self.state_available() and fn.missing_state != "default":
-            tag = UNMATCHED if fn.missing_state == "unmatched" else HELD
-            for r in rows:
-                ctx._collector.add_side(tag, dict(r))
-            return ctx._collector
-        tcol = self.timestamp_column
-        b = self.keyed
-        b.set_current_key(key)
+        self.keyed.set_current_key(key)
         try:
-            for row in rows:
-                ctx._ts = to_epoch_ms(row.get(tcol)) if tcol else None
-                ctx._collector.main.extend(_items(fn.process_element(dict(row), ctx)))
+            return self._run_rows(rows, _KeyedROCtx(self))
         finally:
-            b.clear_current_key()
-        return ctx._collector
+            self.keyed.clear_current_key()
 
     def process_rows(self, rows: Sequence[Mapping[str, Any]]) -> Collector:
         """Events in arrival order (the harness): each goes to its key's state."""

@@ -18,21 +18,25 @@ check), so state schema evolution can be unit-tested too.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from lakecast.api import HELD, MapStateDescriptor, OutputTag
-from lakecast.executor import Collector
-from lakecast.harness import _rows
+from lakecast.api import MapStateDescriptor
+from lakecast.harness import BroadcastTestHarness
 from lakecast.keyed import KeyedBroadcastProcessFunction
 from lakecast.keyed_executor import KeyedExecutor, keyed_descriptors
 from lakecast.keyed_state import KeyedStateDescriptor, kind_of, schema_json
 
 
-class KeyedBroadcastTestHarness:
-    """Feed events, broadcast elements and time to a keyed function; inspect everything."""
+class KeyedBroadcastTestHarness(BroadcastTestHarness):
+    """Feed events, broadcast elements and time to a keyed function; inspect everything.
+
+    Inherits the inputs (``process_broadcast_element(s)``, ``process_element(s)`` — each
+    event goes to its key's state) and ``outputs`` / ``side_output`` / ``held``."""
+
+    executor: KeyedExecutor
 
     def __init__(
         self,
@@ -48,33 +52,11 @@ class KeyedBroadcastTestHarness:
         if table_schemas:
             function.bind_tables(table_schemas)
         self.function = function
+        self.event_schema = None
         self.executor = KeyedExecutor(function, tables, timestamp_column=timestamp_column,
                                       watermark=watermark, processing_time=processing_time)
-        #: every main output so far, in order
         self.outputs: list[Any] = []
         self._side: dict[str, list[Any]] = {}
-
-    def _collect(self, c: Collector) -> list[Any]:
-        main = _rows(c.main)
-        self.outputs.extend(main)
-        for name, items in c.side.items():
-            self._side.setdefault(name, []).extend(_rows(items))
-        return main
-
-    # -- input -------------------------------------------------------------------------
-    def process_broadcast_element(self, value: Any) -> list[Any]:
-        """Apply one broadcast element (keyed effects included); returns its outputs."""
-        return self.process_broadcast_elements([value])
-
-    def process_broadcast_elements(self, values: Iterable[Any]) -> list[Any]:
-        return self._collect(self.executor.apply_broadcast(values))
-
-    def process_element(self, value: Mapping[str, Any]) -> list[Any]:
-        return self.process_elements([value])
-
-    def process_elements(self, values: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """Process events in order, each with its key's state; returns main outputs."""
-        return self._collect(self.executor.process_rows(values))
 
     def advance_watermark(self, watermark: int) -> list[Any]:
         """Move the watermark forward and fire due event-time timers; returns their outputs."""
@@ -90,13 +72,6 @@ class KeyedBroadcastTestHarness:
         return self.executor.keyed.expire()
 
     # -- inspection --------------------------------------------------------------------
-    def side_output(self, tag: OutputTag | str) -> list[Any]:
-        return list(self._side.get(tag if isinstance(tag, str) else tag.name, []))
-
-    @property
-    def held(self) -> list[Any]:
-        return self.side_output(HELD)
-
     def keys(self, descriptor: KeyedStateDescriptor | MapStateDescriptor | None = None
              ) -> list[Hashable]:
         """Keys holding any state (or state ``descriptor``), in a deterministic order."""

@@ -13,7 +13,7 @@ import pytest
 from lakecast import delta_io
 from lakecast.config import PROJECT_ROOT
 from lakecast.keyed import KeyedBroadcastProcessFunction
-from lakecast.keyed_runtime import KeyedBroadcastRuntime
+from lakecast.keyed_runtime import KeyedBroadcastRuntime, KeyedStateError
 from lakecast.keyed_state import StateSchemaError, StateTtlConfig, ValueStateDescriptor
 from lakecast.pipeline import rewind
 from tests.lakecast import keyed_job as kj
@@ -128,19 +128,24 @@ class LastSeen(KeyedBroadcastProcessFunction):
         return ()
 
 
-def test_ttl_drops_expired_keys_from_the_delta_state(spark, tmp_path):
+def test_ttl_drops_expired_keys_and_null_keys_go_to_unmatched(spark, tmp_path):
     state = str(tmp_path / "state")
     rt = KeyedBroadcastRuntime(spark, LastSeen(), {}, state, key_groups=8)
 
-    def batch(b, users, at):
-        df = spark.createDataFrame([(u, b) for u in users], "user_id long, ts long")
+    def batch(b, users, at, null_keys=0):
+        rows = [(u, b) for u in users] + [(None, b)] * null_keys
+        df = spark.createDataFrame(rows, "user_id long, ts long")
         r = rt.process(df, batch_id=b, processing_time=at).persist()
-        r.frame.count()
+        # every event is accounted for: a null key has no state, so it goes to unmatched
+        assert sum(t["events_in"] for t in r.task_rows()) == len(rows)
+        assert r.unmatched.count() == null_keys
         rt.commit(r)
         r.unpersist()
         return rt.state_size()
 
-    assert batch(0, range(200), at=0)["keys"] == 200
+    with pytest.raises(KeyedStateError, match=r"no key column\(s\) \['user_id'\]"):
+        rt.process(spark.createDataFrame([(1,)], "ts long"), batch_id=0, processing_time=0)
+    assert batch(0, range(200), at=0, null_keys=3)["keys"] == 200
     assert batch(1, range(150, 250), at=500)["keys"] == 250  # 150..199 rewritten at 500
     after = batch(2, [999], at=1_200)  # 0..149 (written at 0) expired: dropped
     assert after["keys"] == 101
