@@ -293,8 +293,9 @@ class OutputLayout:
     """One Arrow schema carrying the main output and every side output.
 
     Columns: the main output's columns, ``_output`` (``NULL`` for main rows, else the
-    side output's name), ``_state_version`` (lineage JSON, if enabled) and one struct
-    column ``_side_<tag>`` per side output.
+    side output's name), one struct column ``_side_<tag>`` per side output and, last,
+    ``_state_version`` (lineage JSON, if enabled: last, so the Spark runtime appends it
+    as a literal with one ``withColumn``).
     """
 
     main: pa.Schema
@@ -318,9 +319,9 @@ class OutputLayout:
     @property
     def schema(self) -> pa.Schema:
         fields = [*list(self.main), pa.field(OUTPUT_COLUMN, pa.string())]
+        fields += [pa.field(SIDE_PREFIX + n, pa.struct(list(s))) for n, s in self.sides.items()]
         if self.lineage:
             fields.append(pa.field(VERSION_COLUMN, pa.string()))
-        fields += [pa.field(SIDE_PREFIX + n, pa.struct(list(s))) for n, s in self.sides.items()]
         return pa.schema(fields)
 
     def encode(self, collector: Collector, version: str) -> Iterable[pa.RecordBatch]:
@@ -329,19 +330,19 @@ class OutputLayout:
         for b in to_batches(collector.main, self.main):
             n = b.num_rows
             cols = [*list(b.columns), pa.nulls(n, pa.string())]
+            cols += [pa.nulls(n, pa.struct(list(s))) for s in self.sides.values()]
             if self.lineage:
                 cols.append(const_string(version, n))
-            cols += [pa.nulls(n, pa.struct(list(s))) for s in self.sides.values()]
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
         for name, items in collector.side.items():
             for b in to_batches(items, self.sides[name]):
                 n = b.num_rows
                 cols = [pa.nulls(n, f.type) for f in self.main] + [const_string(name, n)]
-                if self.lineage:
-                    cols.append(const_string(version, n))
                 for other, s in self.sides.items():
                     if other == name:
                         cols.append(pa.StructArray.from_arrays(b.columns, fields=list(s)))
                     else:
                         cols.append(pa.nulls(n, pa.struct(list(s))))
+                if self.lineage:
+                    cols.append(const_string(version, n))
                 yield pa.RecordBatch.from_arrays(cols, schema=schema)

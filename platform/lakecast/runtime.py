@@ -218,23 +218,17 @@ class BroadcastResult:
     refresh_seconds: float = 0.0
     _persisted: bool = field(default=False, repr=False)
 
-    def _cols(self, names: list[str]) -> list[Any]:
-        from pyspark.sql import functions as F
-
-        cols = [F.col(f"`{n}`") for n in names]
-        if self.layout.lineage:
-            cols.append(F.col(VERSION_COLUMN))
-        return cols
-
     @property
     def main(self) -> DataFrame:
         """Main output rows (with ``_state_version`` when lineage is on)."""
         from pyspark.sql import functions as F
 
+        # the frame is main columns, _output, side structs, _state_version: dropping the
+        # tag and struct columns is one call (a select would cost several per column)
         frame = self.frame
         if self.layout.sides:  # without side outputs, every row is a main row
             frame = frame.where(F.col(OUTPUT_COLUMN).isNull())
-        return frame.select(*self._cols(self.layout.main.names))
+        return frame.drop(OUTPUT_COLUMN, *[SIDE_PREFIX + n for n in self.layout.sides])
 
     def side(self, tag: OutputTag | str) -> DataFrame:
         """Rows of side output ``tag``."""
@@ -332,6 +326,8 @@ class BroadcastRuntime:
         self._chain: list[ChainLink] = []
         self._schemas: dict[str, pa.Schema] = {}
         self._base_bytes = 0
+        self._tz: str | None = None
+        self._parallelism: int | None = None
 
     # -- the chain -------------------------------------------------------------------
     @property
@@ -440,7 +436,9 @@ class BroadcastRuntime:
         t0 = time.perf_counter()
         new = self.refresh(until) if refresh or not self._chain else []
         refresh_s = time.perf_counter() - t0
-        tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
+        if self._tz is None:
+            self._tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
+        tz = self._tz
         input_schema = to_arrow_schema(events.schema, timezone=tz)
         plan = self.plan(input_schema, watermark)
         layout = plan.layout
@@ -449,7 +447,9 @@ class BroadcastRuntime:
         # a literal column; tasks still check that they are at exactly this version
         task_layout = replace(layout, lineage=False)
         plan = TaskPlan(**{**plan.__dict__, "layout": task_layout, "accumulator": acc})
-        parallelism = self.spark.sparkContext.defaultParallelism  # estimate; tasks report
+        if self._parallelism is None:  # estimate; tasks report the real one
+            self._parallelism = self.spark.sparkContext.defaultParallelism
+        parallelism = self._parallelism
         if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
             warnings.warn(
                 f"estimated broadcast state {self.estimated_state_bytes / 1e6:.1f} MB x "
@@ -460,12 +460,9 @@ class BroadcastRuntime:
             )
         spark_schema = from_arrow_schema(task_layout.schema, prefer_timestamp_ntz=False)
         frame = events.mapInArrow(_task_function(plan), spark_schema)
-        if layout.lineage:
+        if layout.lineage:  # the last column of the layout: one withColumn
             version = plan.chain[-1].to_key if plan.chain else version_json({})
-            frame = frame.select(*[
-                F.lit(version).alias(VERSION_COLUMN) if n == VERSION_COLUMN else F.col(f"`{n}`")
-                for n in layout.schema.names
-            ])
+            frame = frame.withColumn(VERSION_COLUMN, F.lit(version))
         return BroadcastResult(
             frame, layout, dict(self.version), new, acc, self.state_budget_bytes, refresh_s
         )
