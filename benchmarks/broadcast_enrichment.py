@@ -123,7 +123,15 @@ def scenario_a(spark: SparkSession, root: Path, n_events: int, n_users: int, n_p
 
 
 # ----------------------------------------------------------------------------- scenario (b)
-SIDES_B = ("lakecast", "batch_join", "lakecast_txn", "stream_static")
+SIDES_B = ("lakecast", "batch_join", "lakecast_txn", "stream_static", "lakecast_nosink",
+           "batch_join_nosink")
+LAKECAST_SIDES = ("lakecast", "lakecast_txn", "lakecast_nosink")
+
+
+def _noop(df: DataFrame) -> None:
+    """Run the whole plan and discard the rows (Spark's ``noop`` sink): the enrichment
+    alone, without the Delta append every side otherwise pays."""
+    df.write.format("noop").mode("overwrite").save()
 
 
 def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batch_events: int,
@@ -143,8 +151,9 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
     # One runtime per Lakecast side (own function id, own task-local state), so each pays
     # its own cold start and applies every increment itself.
     runtimes = {side: BroadcastRuntime(spark, fn, {"dim_users": dim}, lineage=lineage)
-                for side in ("lakecast", "lakecast_txn")}
-    out = {side: str(root / f"b_out_{side}") for side in SIDES_B}
+                for side in LAKECAST_SIDES}
+    out = {side: str(root / f"b_out_{side}") for side in SIDES_B if not side.endswith("_nosink")}
+    nosink_rows: list[tuple[int, int, int]] = []  # (batch, rows in, rows out) of lakecast_nosink
     checkpoint = str(root / "b_stream_checkpoint")
     modulus = round(1 / change_frac)
 
@@ -163,15 +172,20 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
     def dimension() -> DataFrame:
         return delta_io.read(spark, dim).select("user_id", "segment", "ltv", "region")
 
-    def lakecast(i: int, version: int, txn: bool = False) -> tuple[float, dict[str, Any]]:
+    def lakecast(i: int, version: int, side: str = "lakecast") -> tuple[float, dict[str, Any]]:
         t0 = time.perf_counter()
-        result = runtimes["lakecast_txn" if txn else "lakecast"].process(new_events(version))
-        if txn:  # exactly once, as the micro-batch pipeline writes
-            delta_io.write(result.main, out["lakecast_txn"], txn=("bench-lakecast", i))
+        result = runtimes[side].process(new_events(version))
+        if side == "lakecast_txn":  # exactly once, as the micro-batch pipeline writes
+            delta_io.write(result.main, out[side], txn=("bench-lakecast", i))
+        elif side == "lakecast_nosink":
+            _noop(result.main)
         else:
-            delta_io.write(result.main, out["lakecast"], mode="append")
+            delta_io.write(result.main, out[side], mode="append")
         m = result.metrics().summary()
-        return time.perf_counter() - t0, m
+        dt = time.perf_counter() - t0
+        if side == "lakecast_nosink":  # untimed: the tasks' row counts, checked below
+            nosink_rows.append((i, m["rows_in"], m["rows_main"]))
+        return dt, m
 
     def stream_static(i: int, version: int) -> tuple[float, dict[str, Any]]:
         """Spark's stream-static join as users run it: a Delta streaming source joined to
@@ -194,17 +208,22 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
         return trigger, {"wall_s": round(wall, 3), "micro_batches": len(data),
                          "durations_ms": data[-1]["durationMs"]}
 
-    def batch_join(i: int, version: int) -> tuple[float, dict[str, Any]]:
+    def batch_join(i: int, version: int, nosink: bool = False) -> tuple[float, dict[str, Any]]:
         """The same join as a plain batch job per micro-batch (no streaming engine: a
         lower bound of the stream-static join's cost)."""
         t0 = time.perf_counter()
         df = new_events(version).join(dimension(), "user_id", "left").withColumn(
             "segment", F.coalesce("segment", F.lit("NEW")))
-        delta_io.write(df, out["batch_join"], mode="append")
+        if nosink:
+            _noop(df)
+        else:
+            delta_io.write(df, out["batch_join"], mode="append")
         return time.perf_counter() - t0, {}
 
     run = {"lakecast": lakecast, "batch_join": batch_join, "stream_static": stream_static,
-           "lakecast_txn": lambda i, v: lakecast(i, v, txn=True)}
+           "lakecast_txn": lambda i, v: lakecast(i, v, "lakecast_txn"),
+           "lakecast_nosink": lambda i, v: lakecast(i, v, "lakecast_nosink"),
+           "batch_join_nosink": lambda i, v: batch_join(i, v, nosink=True)}
     times: dict[str, list[float]] = {side: [] for side in SIDES_B}
     t_update, per_batch = [], []
     for i in range(n_batches):
@@ -216,13 +235,14 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
             t_update.append(_timed(lambda c=changed: delta_io.merge_upsert(
                 spark, c, dim, keys=["user_id"]))[0])
         version = append_events(i)
-        order = SIDES_B[i % 4:] + SIDES_B[:i % 4]
+        k = i % len(SIDES_B)
+        order = SIDES_B[k:] + SIDES_B[:k]
         row: dict[str, Any] = {"batch": i, "order": list(order)}
         for side in order:
             dt, info = run[side](i, version)
             times[side].append(dt)
             row[f"{side}_s"] = round(dt, 3)
-            if side.startswith("lakecast"):
+            if side in LAKECAST_SIDES:
                 row[side] = {k: info[k] for k in ("cold_tasks", "new_element_rows",
                                                  "broadcast_updates_applied", "state_version",
                                                  "state_bytes_per_task")}
@@ -238,7 +258,10 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
             .collect()]
         for side, path in out.items()
     }
-    same = all(c == check["lakecast"] for c in check.values())
+    # the noop sides keep no rows: Lakecast's tasks must have seen and emitted every event
+    nosink_ok = nosink_rows == [
+        (i, batch_events, batch_events) for i in range(n_batches)]
+    same = all(c == check["lakecast"] for c in check.values()) and nosink_ok
     for rt in runtimes.values():
         rt.close()
     totals = {side: sum(t) for side, t in times.items()}
@@ -249,6 +272,7 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
 
     r = ratio("lakecast", "batch_join", totals)
     r_eo = ratio("lakecast_txn", "stream_static", totals)
+    r_ns = ratio("lakecast_nosink", "batch_join_nosink", totals)
     return {
         "dim_rows": n_dim, "batches": n_batches, "batch_events": batch_events,
         "change_fraction": change_frac,
@@ -264,6 +288,13 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
             "ratio": r_eo, "met": r_eo <= TARGET_B,
             "steady_state_ratio_batches_1_on": ratio("lakecast_txn", "stream_static", steady)
             if n_batches > 1 else None,
+        },
+        "enrichment_only": {
+            "lakecast_nosink_total_s": round(totals["lakecast_nosink"], 3),
+            "batch_join_nosink_total_s": round(totals["batch_join_nosink"], 3),
+            "ratio": r_ns, "met": r_ns <= TARGET_B,
+            "steady_state_ratio_batches_1_on": ratio("lakecast_nosink", "batch_join_nosink",
+                                                     steady) if n_batches > 1 else None,
         },
         "results_identical": same, "merge_update_s_untimed": [round(t, 3) for t in t_update],
         "per_batch": per_batch,
@@ -335,6 +366,12 @@ def _print(out: dict[str, Any], path: Path) -> None:
                      f"{eo['stream_static_total_s']:.2f}s (stream-static streaming query)",
                      f"{eo['ratio']:.2f}", f"<= {b['target']}", "yes" if eo["met"] else "NO",
                      b["results_identical"]))
+        ns = b["enrichment_only"]
+        rows.append(("    enrichment only (noop sink, no Delta append)",
+                     f"{ns['lakecast_nosink_total_s']:.2f}s",
+                     f"{ns['batch_join_nosink_total_s']:.2f}s (stream-static join, batch job)",
+                     f"{ns['ratio']:.2f}", f"<= {b['target']}", "yes" if ns["met"] else "NO",
+                     b["results_identical"]))
     head = ("scenario", "lakecast", "spark", "ratio", "target", "met", "same results")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
@@ -342,7 +379,8 @@ def _print(out: dict[str, Any], path: Path) -> None:
     if "b" in out and out["b"]["steady_state_ratio_batches_1_on"] is not None:
         b = out["b"]
         print(f"(b) steady state (batches 1..): ratio {b['steady_state_ratio_batches_1_on']}; "
-              f"exactly once {b['exactly_once']['steady_state_ratio_batches_1_on']}")
+              f"exactly once {b['exactly_once']['steady_state_ratio_batches_1_on']}; "
+              f"enrichment only {b['enrichment_only']['steady_state_ratio_batches_1_on']}")
     print(f"results: {path}")
 
 
