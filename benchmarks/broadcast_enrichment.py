@@ -13,8 +13,9 @@
     plain appends (Lakecast vs the join as a batch job: the issue's target), and
     exactly once (Lakecast writing with ``txnAppId``/``txnVersion`` as its pipeline
     does vs the join as a Structured Streaming query with a Delta source and sink,
-    timed by Spark's own ``triggerExecution`` of the micro-batch). The order of the
-    sides rotates every batch.
+    timed by Spark's own ``triggerExecution`` of the micro-batch); and the enrichment
+    alone (both into Spark's ``noop`` sink, no Delta append), which measures the append
+    both Delta pairs pay as the difference. The order of the sides rotates every batch.
 
 All data is generated with ``spark.range``; results go to
 ``benchmarks/results/<name>.json`` (git-ignored) and a table is printed.
