@@ -9,13 +9,14 @@
     by every side from its Change Data Feed) against a 1M-row user dimension, 1% of
     whose rows change (Delta MERGE, untimed) between batches. Lakecast (one runtime:
     warm task-local state, CDF increments) vs Spark's stream-static join, which
-    re-reads the whole Delta dimension every micro-batch, in two like-for-like pairs:
-    plain appends (Lakecast vs the join as a batch job: the issue's target), and
-    exactly once (Lakecast writing with ``txnAppId``/``txnVersion`` as its pipeline
-    does vs the join as a Structured Streaming query with a Delta source and sink,
-    timed by Spark's own ``triggerExecution`` of the micro-batch); and the enrichment
-    alone (both into Spark's ``noop`` sink, no Delta append), which measures the append
-    both Delta pairs pay as the difference. The order of the sides rotates every batch.
+    re-reads the whole Delta dimension every micro-batch, in three like-for-like pairs:
+    the enrichment alone (both into Spark's ``noop`` sink); plain Delta appends (Lakecast
+    vs the join as a batch job); and exactly once (Lakecast writing with
+    ``txnAppId``/``txnVersion`` as its pipeline does vs the join as a Structured
+    Streaming query with a Delta source and sink, timed by Spark's own
+    ``triggerExecution``). Three floor sides (read the events; through an identity
+    ``mapInArrow``; read and append) bound what any side pays. The order of the sides
+    rotates every batch.
 
 All data is generated with ``spark.range``; results go to
 ``benchmarks/results/<name>.json`` (git-ignored) and a table is printed.
