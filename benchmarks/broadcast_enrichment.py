@@ -7,7 +7,7 @@
     broadcast hash join (``F.broadcast``).
 (b) 20 micro-batches of 50k events (each a new version of a Delta events table, read
     by every side from its Change Data Feed) against a 1M-row user dimension, 1% of
-    whose rows change (Delta MERGE, untimed) between batches. Lakecast (one runtime:
+    whose rows change (Delta MERGE, untimed) between batches. Lakecast (a runtime per side:
     warm task-local state, CDF increments) vs Spark's stream-static join, which
     re-reads the whole Delta dimension every micro-batch, in three like-for-like pairs:
     the enrichment alone (both into Spark's ``noop`` sink); plain Delta appends (Lakecast
