@@ -18,7 +18,7 @@ from dagster import (
 from assets.common import quarantine_count
 from assets.resources import LakecastSparkResource, LakeResource
 from assets.transforms import SEGMENTS
-from lakecast import delta_io
+from lakecast.delta import io as delta_io
 from lakecast.tables import (
     DIM_PRODUCTS,
     DIM_USERS,

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import MetadataValue, TableColumn, TableSchema
 
-from lakecast import delta_io
 from lakecast.config import Settings
+from lakecast.delta import io as delta_io
 from lakecast.tables import QUARANTINE
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from dagster import AssetExecutionContext, MaterializeResult, asset
 from assets import transforms
 from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
-from lakecast import delta_io
+from lakecast.delta import io as delta_io
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, RAW_PRODUCTS, RAW_USERS
 
 DIM_GROUP = "dimensions"

@@ -7,8 +7,9 @@ from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult,
 
 from assets.common import table_metadata
 from assets.resources import LakecastSparkResource, LakeResource
-from lakecast import datagen, delta_io
+from lakecast.delta import io as delta_io
 from lakecast.tables import EVENTS, RAW_PRODUCTS, RAW_TABLES, RAW_USERS
+from lakecast.tools import datagen
 
 RAW_GROUP = "raw"
 

@@ -31,10 +31,10 @@ from dagster import (
 from assets import transforms
 from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
-from lakecast import delta_io
 from lakecast.config import Settings
-from lakecast.datagen import DATA_START
+from lakecast.delta import io as delta_io
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_SEGMENTS
+from lakecast.tools.datagen import DATA_START
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

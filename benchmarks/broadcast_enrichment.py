@@ -37,8 +37,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakecast import BroadcastRuntime, Lookup, delta_io, enrich
+from lakecast import BroadcastRuntime, Lookup, enrich
 from lakecast.config import get_settings
+from lakecast.delta import io as delta_io
 from lakecast.spark import get_spark
 
 RESULTS = Path(__file__).resolve().parent / "results"

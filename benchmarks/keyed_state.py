@@ -46,9 +46,9 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from lakecast import delta_io
-from lakecast.keyed import KeyedBroadcastProcessFunction
-from lakecast.keyed_state import ValueStateDescriptor
+from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.api.keyed_state import ValueStateDescriptor
+from lakecast.delta import io as delta_io
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -110,7 +110,7 @@ def make_batches(spark: SparkSession, events_path: str, num_batches: int, events
     """
     from pyspark.sql import functions as F
 
-    from lakecast import delta_io
+    from lakecast.delta import io as delta_io
 
     def appender(i: int) -> BatchAppender:
         def append() -> int:
@@ -127,7 +127,7 @@ def make_batches(spark: SparkSession, events_path: str, num_batches: int, events
 
 def expected_final(spark: SparkSession, events_path: str) -> pd.DataFrame:
     """Independent pandas computation: per key, count and amount of the max ``seq``."""
-    from lakecast import delta_io
+    from lakecast.delta import io as delta_io
 
     pdf = delta_io.read(spark, events_path).select(*EVENT_COLUMNS).toPandas()
     pdf = pdf.sort_values("seq")
@@ -138,7 +138,7 @@ def expected_final(spark: SparkSession, events_path: str) -> pd.DataFrame:
 
 def check_output(spark: SparkSession, output_path: str, expected: pd.DataFrame) -> dict[str, Any]:
     """Final state per key from the output table (the row with the largest count)."""
-    from lakecast import delta_io
+    from lakecast.delta import io as delta_io
 
     out = delta_io.read(spark, output_path).select("key", "count", "last_amount").toPandas()
     final = out.sort_values(["key", "count"]).groupby("key").tail(1) \
@@ -276,7 +276,7 @@ def run_lakecast(spark: SparkSession, root: str, events_path: str,
     """
     from pyspark.sql import functions as F
 
-    from lakecast.keyed_runtime import KeyedBroadcastRuntime
+    from lakecast.runtime.keyed import KeyedBroadcastRuntime
 
     state_path, output_path = f"{root}/state", f"{root}/outputs"
     spark.conf.set("spark.sql.shuffle.partitions", str(options.get("shuffle_partitions", 8)))

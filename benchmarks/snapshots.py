@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["LAKECAST_CHECKPOINT_ROOT"] = str(root / "checkpoints")
     from pyspark.sql import functions as F
 
-    from lakecast import Lookup, delta_io, enrich
+    from lakecast import Lookup, enrich
     from lakecast.config import get_settings
-    from lakecast.snapshot_runtime import SnapshottingRuntime, snapshot_path
-    from lakecast.snapshots import SnapshotStore
+    from lakecast.delta import io as delta_io
+    from lakecast.snapshots.checkpointer import snapshot_path
+    from lakecast.snapshots.runtime import SnapshottingRuntime
+    from lakecast.snapshots.store import SnapshotStore
     from lakecast.spark import get_spark
 
     settings = get_settings()

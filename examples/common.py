@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lakecast import delta_io
-from lakecast.executor import VERSION_COLUMN
-from lakecast.keyed import KeyedBroadcastProcessFunction
-from lakecast.keyed_harness import KeyedBroadcastTestHarness
-from lakecast.source import BroadcastElement
+from lakecast.api.element import BroadcastElement
+from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.delta import io as delta_io
+from lakecast.runtime.executor import VERSION_COLUMN
+from lakecast.runtime.keyed_harness import KeyedBroadcastTestHarness
 
 Row = dict[str, Any]
 
@@ -163,7 +163,7 @@ class SparkDriver:
                  table: str, key: str, table_schema: str, event_schema: str,
                  order_columns: Sequence[str], side_tags: Sequence[str] = (),
                  watermark_delay_ms: int = 0) -> None:
-        from lakecast.keyed_runtime import KeyedBroadcastRuntime
+        from lakecast.runtime.keyed import KeyedBroadcastRuntime
 
         self.spark = spark
         self.table_path = f"{root}/{table}"

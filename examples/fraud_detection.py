@@ -28,15 +28,15 @@ from typing import Any
 import pyarrow as pa
 
 from examples.common import Row, SparkDriver, Step, run_on_spark, sorted_rows
-from lakecast.api import MapStateDescriptor, OutputTag
-from lakecast.keyed import (
+from lakecast.api.descriptors import MapStateDescriptor, OutputTag
+from lakecast.api.element import BroadcastElement
+from lakecast.api.keyed import (
     KeyedBroadcastProcessFunction,
     KeyedContext,
     KeyedReadOnlyContext,
     OnTimerContext,
 )
-from lakecast.keyed_state import StateTtlConfig, ValueStateDescriptor
-from lakecast.source import BroadcastElement
+from lakecast.api.keyed_state import StateTtlConfig, ValueStateDescriptor
 
 TABLE = "fraud_rules"
 #: how long a merchant counts as "used before" (processing time since its last use)

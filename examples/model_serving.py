@@ -24,10 +24,10 @@ from typing import Any
 import pyarrow as pa
 
 from examples.common import Row, SparkDriver, Step, run_on_spark, sorted_rows
-from lakecast.api import UNMATCHED, MapStateDescriptor, OutputTag
-from lakecast.keyed import KeyedBroadcastProcessFunction, KeyedContext, KeyedReadOnlyContext
-from lakecast.keyed_state import ValueStateDescriptor
-from lakecast.source import BroadcastElement
+from lakecast.api.descriptors import UNMATCHED, MapStateDescriptor, OutputTag
+from lakecast.api.element import BroadcastElement
+from lakecast.api.keyed import KeyedBroadcastProcessFunction, KeyedContext, KeyedReadOnlyContext
+from lakecast.api.keyed_state import ValueStateDescriptor
 
 TABLE = "segment_model"
 MODEL = MapStateDescriptor("segment_model", str, dict)

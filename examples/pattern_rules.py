@@ -20,9 +20,9 @@ from typing import Any
 import pyarrow as pa
 
 from examples.common import Row, SparkDriver, Step, run_on_spark, sorted_rows
-from lakecast.api import MapStateDescriptor
-from lakecast.keyed import KeyedBroadcastProcessFunction, KeyedContext, KeyedReadOnlyContext
-from lakecast.source import BroadcastElement
+from lakecast.api.descriptors import MapStateDescriptor
+from lakecast.api.element import BroadcastElement
+from lakecast.api.keyed import KeyedBroadcastProcessFunction, KeyedContext, KeyedReadOnlyContext
 
 TABLE = "pattern_rules"
 RULES = MapStateDescriptor("rules", str, dict)

@@ -33,9 +33,10 @@ from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.resources import LakecastSparkResource, LakeResource
 from assets.segments import segment_counts
 from jobs.demo_live import reset_demo_lake, run_live
-from lakecast import datagen, delta_io
 from lakecast.config import Settings, get_settings
+from lakecast.delta import io as delta_io
 from lakecast.tables import ALL_TABLES, DIM_PRODUCTS, DIM_USERS, QUARANTINE, USER_SEGMENTS
+from lakecast.tools import datagen
 
 RESOURCES = {"pyspark": LakecastSparkResource(), "lake": LakeResource()}
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}

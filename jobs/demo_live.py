@@ -29,9 +29,10 @@ from jobs.microbatch import (
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
 )
-from lakecast import datagen, delta_io, flags
 from lakecast.config import Settings
+from lakecast.delta import io as delta_io
 from lakecast.tables import ALL_TABLES, EVENTS, USER_SEGMENTS
+from lakecast.tools import datagen, flags
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)

@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.transforms import classify_event_format
-from lakecast.api import Context, MapStateDescriptor, ReadOnlyContext
-from lakecast.enrich import Enrichment, Lookup
-from lakecast.source import BroadcastElement
+from lakecast.api.descriptors import MapStateDescriptor
+from lakecast.api.element import BroadcastElement
+from lakecast.api.enrich import Enrichment, Lookup
+from lakecast.api.functions import Context, ReadOnlyContext
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
 
 if TYPE_CHECKING:

@@ -28,22 +28,13 @@ from dagster import (
 
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
+from lakecast.build import broadcast_pipeline
 from lakecast.config import Settings, get_settings
-from lakecast.pipeline import BatchResult, MicroBatchPipeline, PipelineSpec
-from lakecast.snapshot_runtime import (
-    Checkpointer,
-    SnapshottingRuntime,
-    progress_path,
-    snapshot_path,
-)
-from lakecast.snapshots import SnapshotStore
+from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-    from lakecast.progress import BatchPlan
-    from lakecast.runtime import BroadcastResult
+    from pyspark.sql import SparkSession
 
 ENRICHED_EVENTS = "enriched_events"
 ENRICHMENT_UNMATCHED = "enrichment_unmatched"
@@ -70,42 +61,22 @@ def build_pipeline(
     keep_checkpoints: int | None = 10,
     function_id: str = "storefront-enrichment",
 ) -> MicroBatchPipeline:
-    """The enrichment pipeline over the lake of ``settings``.
+    """The enrichment pipeline over the lake of ``settings``, built whole
+    (:func:`lakecast.build.broadcast_pipeline`).
 
     ``parallelism``: tasks per batch (events are repartitioned; default: as read) and per
     checkpoint. ``checkpoint_every``: checkpoint the broadcast state every N committed
     batches (``None``: never); ``keep_checkpoints``: retention. A cold start restores the
     state from the newest complete checkpoint (see ``docs/snapshots.md``).
     """
-    tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
-    store = SnapshotStore(spark, snapshot_path(settings, ENRICHMENT.name), ENRICHMENT.name)
-    runtime = SnapshottingRuntime(
-        spark, StorefrontEnrichment(), tables, store, parallelism=parallelism,
-        timestamp_column="event_ts", function_id=function_id,
+    return broadcast_pipeline(
+        spark, replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch),
+        StorefrontEnrichment(), table_path=settings.table_path,
+        checkpoint_root=settings.checkpoint_root, validator=validate_events,
+        parallelism=parallelism, checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints, timestamp_column="event_ts",
+        function_id=function_id,
     )
-    spec = replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch)
-
-    def process(events: "DataFrame", plan: "BatchPlan") -> "BroadcastResult":
-        if parallelism:
-            events = events.repartition(parallelism)
-        return runtime.process(events, until=plan.broadcast_versions)
-
-    pipeline = MicroBatchPipeline(
-        spark,
-        spec,
-        table_path=settings.table_path,
-        progress_path=progress_path(settings, ENRICHMENT.name),
-        processor=process,
-        validator=validate_events,
-    )
-    checkpointer = Checkpointer(runtime, pipeline.log, every=checkpoint_every or 1,
-                                keep=keep_checkpoints)
-    if checkpoint_every:
-        pipeline.on_commit = checkpointer
-    pipeline.on_rewind = checkpointer.on_rewind
-    pipeline.runtime = runtime  # type: ignore[attr-defined]
-    pipeline.checkpointer = checkpointer  # type: ignore[attr-defined]
-    return pipeline
 
 
 def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
@@ -165,12 +136,12 @@ def enrichment_microbatch_assets(
         context.log.info("no new events since the last committed batch")
         return
     totals = summarize(results)
-    checkpoints = pipeline.checkpointer.results  # type: ignore[attr-defined]
+    checkpoints = [r.checkpoint for r in results if r.checkpoint]
     if checkpoints:
         last = checkpoints[-1]
-        totals["last_checkpoint_id"] = last.header.checkpoint_id
-        totals["checkpoint_stored_bytes"] = last.stored_bytes
-        totals["checkpoint_p_x_state_bytes"] = last.flink_bytes
+        totals["last_checkpoint_id"] = last["checkpoint_id"]
+        totals["checkpoint_stored_bytes"] = last["stored_bytes"]
+        totals["checkpoint_p_x_state_bytes"] = last["p_x_state_bytes"]
     for key, count_key in (
         (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
         (ENRICHMENT_REJECTED, "rejected"),

@@ -26,8 +26,8 @@ from dagster import (
 )
 
 from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, enrichment_microbatch
-from lakecast import delta_io
 from lakecast.config import get_settings
+from lakecast.delta import io as delta_io
 
 SENSOR_INTERVAL_SECONDS = int(os.environ.get("LAKECAST_SENSOR_INTERVAL_SECONDS", "15"))
 ACTIVE = [

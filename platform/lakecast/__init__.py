@@ -26,21 +26,20 @@ Keyed broadcast processing (see ``docs/keyed.md``):
 - :mod:`lakecast.keyed_harness`   in-memory test harness for keyed functions
 """
 
-from lakecast.api import (
+from lakecast.api.descriptors import (
     HELD,
     UNMATCHED,
     BroadcastOrderError,
-    BroadcastProcessFunction,
-    Context,
     MapStateDescriptor,
     OutputTag,
-    ReadOnlyContext,
     ReadOnlyStateError,
     StateDeclarationError,
 )
-from lakecast.enrich import Enrichment, Lookup, enrich
-from lakecast.harness import BroadcastTestHarness
-from lakecast.keyed import (
+from lakecast.api.element import BroadcastElement
+from lakecast.api.enrich import Enrichment, Lookup, enrich
+from lakecast.api.frozen import FrozenDict, FrozenList
+from lakecast.api.functions import BroadcastProcessFunction, Context, ReadOnlyContext
+from lakecast.api.keyed import (
     KeyedBroadcastProcessFunction,
     KeyedContext,
     KeyedReadOnlyContext,
@@ -48,8 +47,7 @@ from lakecast.keyed import (
     TimeDomain,
     TimerRegistrationError,
 )
-from lakecast.keyed_harness import KeyedBroadcastTestHarness
-from lakecast.keyed_state import (
+from lakecast.api.keyed_state import (
     AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -60,21 +58,22 @@ from lakecast.keyed_state import (
     UpdateType,
     ValueStateDescriptor,
 )
-from lakecast.metrics import (
+from lakecast.api.read_only import ReadOnlyBroadcastState
+from lakecast.api.state import BroadcastState, DictMapState
+from lakecast.api.table_state import TableMapState
+from lakecast.delta.source import read_broadcast_elements
+from lakecast.runtime.broadcast import (
+    BroadcastResult,
+    BroadcastRuntime,
+    process_with_broadcast_state,
+)
+from lakecast.runtime.harness import BroadcastTestHarness
+from lakecast.runtime.keyed_harness import KeyedBroadcastTestHarness
+from lakecast.runtime.metrics import (
     DEFAULT_STATE_BUDGET_BYTES,
     RunMetrics,
     StateBudgetWarning,
     TaskMetrics,
-)
-from lakecast.runtime import BroadcastResult, BroadcastRuntime, process_with_broadcast_state
-from lakecast.source import BroadcastElement, read_broadcast_elements
-from lakecast.state import (
-    BroadcastState,
-    DictMapState,
-    FrozenDict,
-    FrozenList,
-    ReadOnlyBroadcastState,
-    TableMapState,
 )
 
 __version__ = "0.1.0"

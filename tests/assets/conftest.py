@@ -13,7 +13,7 @@ from dagster._core.storage.tags import (
 
 from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.resources import LakecastSparkResource, LakeResource
-from lakecast.datagen import GenSpec
+from lakecast.tools.datagen import GenSpec
 
 SMALL = GenSpec(scale=0.1, seed=11, days=3)
 """~200 users, ~20 products, ~5k events over 2026-01-01..2026-01-03."""
@@ -60,7 +60,7 @@ SEGMENTS = AssetSelection.assets("user_segments")
 @pytest.fixture
 def small_lake(spark, lake):
     """A temp lake with the SMALL raw data generated."""
-    from lakecast import datagen
+    from lakecast.tools import datagen
 
     datagen.generate(spark, lake, SMALL)
     return lake

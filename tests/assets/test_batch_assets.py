@@ -19,8 +19,8 @@ from dagster import (
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from lakecast import datagen, delta_io
 from lakecast.config import PROJECT_ROOT
+from lakecast.delta import io as delta_io
 from lakecast.tables import (
     DIM_PRODUCTS,
     DIM_USERS,
@@ -30,6 +30,7 @@ from lakecast.tables import (
     RAW_USERS,
     USER_SEGMENTS,
 )
+from lakecast.tools import datagen
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 

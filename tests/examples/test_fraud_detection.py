@@ -19,7 +19,7 @@ from examples.fraud_detection import (
     reference,
     spark_driver,
 )
-from lakecast.source import BroadcastElement
+from lakecast.api.element import BroadcastElement
 from tests.examples.helpers import run_stepwise
 
 BLOCK_RULE = fraud_rule("card_test", 1.0, 500.0, MINUTE, "BLOCK")

@@ -16,7 +16,7 @@ from examples.model_serving import (
     release,
     spark_driver,
 )
-from lakecast.api import UNMATCHED
+from lakecast.api.descriptors import UNMATCHED
 from tests.examples.helpers import run_stepwise
 
 V1 = release(1, {"VIP": (0.5, 1.0), "NEW": (0.1, 0.0)})

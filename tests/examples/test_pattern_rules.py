@@ -16,7 +16,7 @@ from examples.pattern_rules import (
     rule,
     spark_driver,
 )
-from lakecast.source import BroadcastElement
+from lakecast.api.element import BroadcastElement
 from tests.examples.helpers import run_stepwise
 
 

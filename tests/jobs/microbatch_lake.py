@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 
-from lakecast import delta_io, flags
+from lakecast.delta import io as delta_io
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+from lakecast.tools import flags
 
 EVENT_COLUMNS = [
     "event_id", "user_id", "product_id", "event_type", "amount", "event_time", "device",

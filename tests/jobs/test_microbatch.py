@@ -14,9 +14,10 @@ from jobs.microbatch import (
     build_pipeline,
     enrichment_microbatch_assets,
 )
-from lakecast import delta_io, flags
-from lakecast.pipeline import ReconciliationError
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.micro_batch import ReconciliationError
 from lakecast.tables import USER_SEGMENTS
+from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
 
 
@@ -94,16 +95,15 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     assert enriched.event_id.is_unique
 
 
-def test_failed_batch_writes_nothing_and_is_redone_with_its_plan(spark, lake):
+def test_failed_batch_writes_nothing_and_is_redone_with_its_plan(spark, lake, monkeypatch):
     ml.build(spark, lake)
     ml.write_events(spark, lake, ml.events(0, 30, seed=3))
     pipeline = build_pipeline(spark, lake)
-    real = pipeline.processor
 
     def broken(events, plan):
         raise RuntimeError("task failure")
 
-    pipeline.processor = broken
+    monkeypatch.setattr(pipeline.runtime, "process_batch", broken)
     with pytest.raises(RuntimeError, match="task failure"):
         pipeline.run()
     assert delta_io.latest_version(lake.table_path(ENRICHED_EVENTS)) is None
@@ -112,7 +112,7 @@ def test_failed_batch_writes_nothing_and_is_redone_with_its_plan(spark, lake):
 
     # more events arrive meanwhile; the redo keeps its plan, the new events get the next batch
     ml.write_events(spark, lake, ml.events(500, 20, seed=4))
-    pipeline.processor = real
+    monkeypatch.undo()
     results = pipeline.run()
     assert [(r.plan.batch_id, r.redone) for r in results] == [(0, True), (1, False)]
     assert results[0].plan == plan
@@ -121,22 +121,22 @@ def test_failed_batch_writes_nothing_and_is_redone_with_its_plan(spark, lake):
     assert enriched.event_id.is_unique
 
 
-def test_counts_must_reconcile(spark, lake):
+def test_counts_must_reconcile(spark, lake, monkeypatch):
     ml.build(spark, lake)
     ml.write_events(spark, lake, ml.events(0, 20, seed=5))
     pipeline = build_pipeline(spark, lake)
-    real = pipeline.processor
+    real = pipeline.runtime.process_batch
 
     def lossy(events, plan):
         return real(events.limit(3), plan)  # silently drops rows: must not commit
 
-    pipeline.processor = lossy
+    monkeypatch.setattr(pipeline.runtime, "process_batch", lossy)
     with pytest.raises(ReconciliationError, match="nothing was written"):
         pipeline.run()
     assert pipeline.log.pending() is not None
     for table in (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED):
         assert delta_io.latest_version(lake.table_path(table)) is None
-    pipeline.processor = real  # the redo writes everything, once
+    monkeypatch.undo()  # the redo writes everything, once
     (result,) = pipeline.run()
     assert result.redone and result.counts["events_in"] == 21
     total = sum(delta_io.read(spark, lake.table_path(t)).count()
@@ -145,8 +145,8 @@ def test_counts_must_reconcile(spark, lake):
 
 
 def test_a_second_process_planning_the_same_batch_is_refused(spark, lake):
-    from lakecast.pipeline import ConcurrentRunError
-    from lakecast.progress import BatchPlan
+    from lakecast.pipeline.micro_batch import ConcurrentRunError
+    from lakecast.pipeline.progress import BatchPlan
 
     ml.build(spark, lake)
     ml.write_events(spark, lake, ml.events(0, 10, seed=6))
@@ -161,7 +161,7 @@ def test_a_second_process_planning_the_same_batch_is_refused(spark, lake):
 
 
 def test_rewritten_events_table_is_a_clear_error_not_duplicates(spark, lake):
-    from lakecast.pipeline import AppendOnlyError
+    from lakecast.pipeline.micro_batch import AppendOnlyError
     from lakecast.tables import EVENTS
 
     ml.build(spark, lake)

@@ -13,8 +13,8 @@ import time
 import pandas as pd
 
 from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED
-from lakecast import delta_io
 from lakecast.config import PROJECT_ROOT
+from lakecast.delta import io as delta_io
 from tests.jobs import microbatch_lake as ml
 
 

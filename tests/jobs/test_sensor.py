@@ -15,8 +15,8 @@ from dagster._core.storage.dagster_run import DagsterRun
 
 from jobs.microbatch import EXCLUSIVE_TAG, enrichment_microbatch
 from jobs.sensors import broadcast_versions_sensor
-from lakecast import flags
 from lakecast.tables import EVENTS
+from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
 
 

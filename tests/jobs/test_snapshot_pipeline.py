@@ -20,11 +20,12 @@ from jobs.microbatch import (
     ENRICHMENT_UNMATCHED,
     build_pipeline,
 )
-from lakecast import cli, delta_io, flags
 from lakecast.config import get_settings
-from lakecast.snapshot_runtime import snapshot_path
-from lakecast.snapshots import SnapshotStore
+from lakecast.delta import io as delta_io
+from lakecast.snapshots.checkpointer import snapshot_path
+from lakecast.snapshots.store import SnapshotStore
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
+from lakecast.tools import cli, flags
 from tests.jobs import microbatch_lake as ml
 
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
@@ -120,7 +121,7 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     def broken(events, plan):
         raise RuntimeError("executor lost")
 
-    b1.processor = broken
+    b1.runtime.process_batch = broken  # fault injection: this pipeline is discarded
     with pytest.raises(RuntimeError, match="executor lost"):
         b1.run()
     b1 = build_pipeline(spark, lake_b, 1, parallelism=1, function_id="snap-b1b")

@@ -18,11 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakecast import MapStateDescriptor, delta_io
-from lakecast.keyed import KeyedBroadcastProcessFunction
-from lakecast.keyed_runtime import KeyedBroadcastRuntime
-from lakecast.keyed_state import ReducingStateDescriptor, ValueStateDescriptor
-from lakecast.pipeline import MicroBatchPipeline, PipelineSpec
+from lakecast import MapStateDescriptor
+from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.api.keyed_state import ReducingStateDescriptor, ValueStateDescriptor
+from lakecast.build import keyed_pipeline
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec
 
 GAP = 100
 THRESHOLDS = MapStateDescriptor("thresholds", str, float)
@@ -130,15 +131,12 @@ def table_paths(root: str) -> Mapping[str, str]:
 def pipeline(spark: Any, root: str, parallelism: int | None = None) -> MicroBatchPipeline:
     """The keyed micro-batch pipeline over ``root`` (events -> sessions, exactly once)."""
     paths = table_paths(root)
-    runtime = KeyedBroadcastRuntime(
-        spark, Sessions(), {"thresholds": paths["thresholds"]}, paths["keyed_state"],
-        timestamp_column="ts", order_columns=("event_id",), key_groups=32,
-        parallelism=parallelism)
     spec = PipelineSpec("sessions", "events", ("thresholds",), "sessions",
                         side_outputs={"unmatched": "unmatched"}, max_versions_per_batch=1,
-                        keyed_state_table="keyed_state")
-    return MicroBatchPipeline(spark, spec, lambda t: paths[t], paths["_progress"],
-                              runtime.processor, keyed=runtime)
+                        state_table="keyed_state")
+    return keyed_pipeline(spark, spec, Sessions(), table_path=lambda t: paths[t],
+                          checkpoint_root=paths["_progress"], timestamp_column="ts",
+                          order_columns=("event_id",), key_groups=32, parallelism=parallelism)
 
 
 def main(argv: list[str] | None = None) -> None:

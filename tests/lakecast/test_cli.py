@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lakecast import cli, delta_io, flags
+from lakecast.delta import io as delta_io
+from lakecast.tools import cli, flags
 
 
 def test_flag_set_list_and_versions(spark, lake, capsys):
@@ -28,7 +29,7 @@ def test_bad_flag_name_is_a_clear_error(spark, lake, capsys):
 
 
 def test_produce_appends_events(spark, lake, capsys):
-    from lakecast import datagen
+    from lakecast.tools import datagen
 
     datagen.generate(spark, lake, datagen.GenSpec(scale=0.02, days=1))
     before = delta_io.latest_version(lake.table_path("events"))

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from lakecast import delta_io
+from lakecast.delta import io as delta_io
 
 
 def _frame(spark, rows):
@@ -161,7 +161,7 @@ def test_table_files_refuses_what_it_cannot_read(spark, lake, kind):
         delta_io.table_files(path, delta_io.latest_version(path))
     # the broadcast source falls back to Spark and says so
     from lakecast import read_broadcast_elements
-    from lakecast.source import DeltaFilesElement
+    from lakecast.delta.source import DeltaFilesElement
 
     (el,) = read_broadcast_elements(spark, {"t": path}, {})
     assert not isinstance(el, DeltaFilesElement)
@@ -172,7 +172,7 @@ def test_source_full_element_is_a_file_list_that_pickles_without_rows(spark, lak
     import pickle
 
     from lakecast import read_broadcast_elements
-    from lakecast.source import DeltaFilesElement
+    from lakecast.delta.source import DeltaFilesElement
 
     path = lake.table_path("files_element")
     delta_io.write(_typed(spark, (0, 2000), "f"), path, mode="overwrite")

@@ -21,7 +21,7 @@ from lakecast import (
     StateDeclarationError,
     enrich,
 )
-from lakecast.state import FrozenDict, FrozenList, freeze, thaw
+from lakecast.api.frozen import FrozenDict, FrozenList, freeze, thaw
 
 RULES = MapStateDescriptor("rules", str, dict)
 PRODUCTS = MapStateDescriptor("products", int, dict, key_columns=("product_id",))
@@ -310,7 +310,7 @@ def test_harness_runs_a_pandas_batch_function():
 
 def test_table_state_matches_a_dict_model_under_random_changes():
     """Base + overlay + compaction of TableMapState behave like a plain dict."""
-    from lakecast.state import TableMapState
+    from lakecast.api.table_state import TableMapState
 
     rng = random.Random(3)
     state = TableMapState(MapStateDescriptor("t", key_columns=("k",)))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 from pyspark.sql import functions as F
 
-from lakecast import BroadcastTestHarness, Lookup, delta_io, enrich, read_broadcast_elements
-from lakecast.source import order_elements
+from lakecast import BroadcastTestHarness, Lookup, enrich, read_broadcast_elements
+from lakecast.api.element import order_elements
+from lakecast.delta import io as delta_io
 
 
 def _users(spark, n, segment="REGULAR"):

@@ -19,9 +19,9 @@ from lakecast import (
     Lookup,
     MapStateDescriptor,
     StateBudgetWarning,
-    delta_io,
     enrich,
 )
+from lakecast.delta import io as delta_io
 
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
 PRODUCTS = MapStateDescriptor("dim_products", int, dict, key_columns=("product_id",))
@@ -204,7 +204,7 @@ def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):
     runtime = BroadcastRuntime(spark, fn, {"dim_users": path})
     events = spark.range(200).select(F.col("id").alias("user_id")).repartition(2)
 
-    first = runtime.process(events)
+    first = runtime.process(events).persist()  # metrics come from the same computation
     assert first.main.count() == 200
     m1 = first.metrics()
     assert {t.cache for t in m1.tasks} == {"cold"}
@@ -216,7 +216,7 @@ def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):
             spark, spark.range(version * 10, version * 10 + 10).select(
                 F.col("id").alias("user_id"), F.lit(f"VIP{version}").alias("segment")),
             path, keys=["user_id"])
-        result = runtime.process(events)
+        result = runtime.process(events).persist()
         rows = {r.user_id: r.segment for r in result.main.collect()}
         assert rows[version * 10] == f"VIP{version}" and rows[199] == "REGULAR"
         m = result.metrics()
@@ -236,7 +236,7 @@ def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):
 
     # a new runtime (as a new application would) starts cold from a base
     fresh = BroadcastRuntime(spark, fn, {"dim_users": path})
-    r = fresh.process(events)
+    r = fresh.process(events).persist()
     r.main.count()
     assert {t.cache for t in r.metrics().tasks} == {"cold"}
     assert all(t.elements_applied == 1 for t in r.metrics().tasks)
@@ -310,7 +310,7 @@ def test_state_budget_warns_and_flags(spark, lake):
     fn = enrich(Lookup("dim_users", key="user_id", columns=["segment"]))
     runtime = BroadcastRuntime(spark, fn, {"dim_users": path}, state_budget_bytes=100)
     with pytest.warns(StateBudgetWarning, match="exceeds the budget"):
-        result = runtime.process(spark.range(10).select(F.col("id").alias("user_id")))
+        result = runtime.process(spark.range(10).select(F.col("id").alias("user_id"))).persist()
     result.main.count()
     with pytest.warns(StateBudgetWarning):
         m = result.metrics()

@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
-from lakecast import delta_io
+from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.api.keyed_state import StateSchemaError, StateTtlConfig, ValueStateDescriptor
 from lakecast.config import PROJECT_ROOT
-from lakecast.keyed import KeyedBroadcastProcessFunction
-from lakecast.keyed_runtime import KeyedBroadcastRuntime, KeyedStateError
-from lakecast.keyed_state import StateSchemaError, StateTtlConfig, ValueStateDescriptor
-from lakecast.pipeline import rewind
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.rewind import rewind
+from lakecast.runtime.keyed import KeyedBroadcastRuntime
+from lakecast.runtime.keyed_tasks import KeyedStateError
 from tests.lakecast import keyed_job as kj
 from tests.lakecast.test_keyed_state import (
     ProfileBadType,

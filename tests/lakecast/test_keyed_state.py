@@ -8,10 +8,9 @@ from collections import Counter
 import pytest
 
 from lakecast import BroadcastElement, MapStateDescriptor, ReadOnlyStateError
-from lakecast.api import StateDeclarationError
-from lakecast.keyed import KeyedBroadcastProcessFunction, TimeDomain, TimerRegistrationError
-from lakecast.keyed_harness import KeyedBroadcastTestHarness
-from lakecast.keyed_state import (
+from lakecast.api.descriptors import StateDeclarationError
+from lakecast.api.keyed import KeyedBroadcastProcessFunction, TimeDomain, TimerRegistrationError
+from lakecast.api.keyed_state import (
     AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -22,6 +21,7 @@ from lakecast.keyed_state import (
     UpdateType,
     ValueStateDescriptor,
 )
+from lakecast.runtime.keyed_harness import KeyedBroadcastTestHarness
 
 FLAGS = MapStateDescriptor("flags", str, object)
 

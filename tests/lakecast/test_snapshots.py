@@ -8,18 +8,17 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from lakecast import BroadcastProcessFunction, MapStateDescriptor, cli, delta_io
-from lakecast.snapshot_runtime import SnapshottingRuntime, snapshot_path
-from lakecast.snapshots import (
-    CheckpointDivergenceError,
-    SnapshotStore,
-    deserialize_state,
-    load_into,
-    rescale_assignment,
-    serialize_state,
-)
-from lakecast.source import BroadcastElement
-from lakecast.state import DictMapState, TableMapState
+from lakecast import BroadcastProcessFunction, MapStateDescriptor
+from lakecast.api.element import BroadcastElement
+from lakecast.api.state import DictMapState
+from lakecast.api.table_state import TableMapState
+from lakecast.delta import io as delta_io
+from lakecast.snapshots.checkpointer import snapshot_path
+from lakecast.snapshots.codec import deserialize_state, load_into, serialize_state
+from lakecast.snapshots.errors import CheckpointDivergenceError
+from lakecast.snapshots.runtime import SnapshottingRuntime
+from lakecast.snapshots.store import SnapshotStore, rescale_assignment
+from lakecast.tools import cli
 
 RULES = MapStateDescriptor("rules", int, dict, key_columns=("rule_id",))
 HISTORY = MapStateDescriptor("history", str, list)
@@ -185,8 +184,8 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
 
 
 def test_restore_timestamps_are_parsed_as_utc():
-    from lakecast.snapshot_cli import parse_timestamp
-    from lakecast.snapshots import SnapshotError
+    from lakecast.snapshots.errors import SnapshotError
+    from lakecast.tools.snapshot_cli import parse_timestamp
 
     assert parse_timestamp("2026-11-22 03:40:00") == 1795318800000
     assert parse_timestamp("2026-11-22T03:40:00") == parse_timestamp("2026-11-22 03:40")

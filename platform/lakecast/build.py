@@ -1,0 +1,77 @@
+"""Pipelines built whole: the progress log, the runtime, its checkpointer and the
+:class:`~lakecast.pipeline.micro_batch.MicroBatchPipeline` are constructed together here,
+never patched afterwards.
+
+* :func:`broadcast_pipeline`: a :class:`~lakecast.api.functions.BroadcastProcessFunction`
+  on a :class:`~lakecast.snapshots.runtime.SnapshottingRuntime` (task-local state,
+  checkpointed every N batches, restored on cold start);
+* :func:`keyed_pipeline`: a :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction` on
+  a :class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime` (keyed state in the spec's
+  ``state_table``, versioned with the outputs).
+
+Both lay their progress log (and snapshots) under ``checkpoint_root/<pipeline name>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lakecast.api.functions import BroadcastProcessFunction
+from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
+from lakecast.pipeline.progress import ProgressLog
+from lakecast.runtime.keyed import KeyedBroadcastRuntime
+from lakecast.snapshots.checkpointer import Checkpointer
+from lakecast.snapshots.runtime import SnapshottingRuntime
+from lakecast.snapshots.store import SnapshotStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def broadcast_pipeline(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    function: BroadcastProcessFunction,
+    *,
+    table_path: Callable[[str], str],
+    checkpoint_root: str,
+    validator: Validator | None = None,
+    parallelism: int | None = None,
+    checkpoint_every: int | None = 1,
+    keep_checkpoints: int | None = 10,
+    **runtime_options: Any,
+) -> MicroBatchPipeline:
+    """A broadcast pipeline over ``spec``'s tables. ``checkpoint_every``: checkpoint the
+    broadcast state every N committed batches (``None``: never); ``keep_checkpoints``:
+    retention; ``runtime_options`` go to the runtime (``timestamp_column``, ...)."""
+    log = ProgressLog(spark, f"{checkpoint_root}/{spec.name}/progress", spec.name)
+    store = SnapshotStore(spark, f"{checkpoint_root}/{spec.name}/snapshots", spec.name)
+    checkpointer = (Checkpointer(store, log, every=checkpoint_every, keep=keep_checkpoints)
+                    if checkpoint_every else None)
+    tables = {t: table_path(t) for t in spec.broadcast_tables}
+    runtime = SnapshottingRuntime(spark, function, tables, store, parallelism=parallelism,
+                                  checkpointer=checkpointer, **runtime_options)
+    return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator)
+
+
+def keyed_pipeline(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    function: KeyedBroadcastProcessFunction,
+    *,
+    table_path: Callable[[str], str],
+    checkpoint_root: str,
+    validator: Validator | None = None,
+    **runtime_options: Any,
+) -> MicroBatchPipeline:
+    """A keyed pipeline; its keyed state lives in ``spec.state_table``.
+    ``runtime_options`` go to the runtime (``key_groups``, ``timestamp_column``, ...)."""
+    if spec.state_table is None:
+        raise ValueError(f"{spec.name}: a keyed pipeline needs spec.state_table")
+    log = ProgressLog(spark, f"{checkpoint_root}/{spec.name}/progress", spec.name)
+    tables = {t: table_path(t) for t in spec.broadcast_tables}
+    runtime = KeyedBroadcastRuntime(spark, function, tables, table_path(spec.state_table),
+                                    **runtime_options)
+    return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator)

@@ -1,0 +1,17 @@
+"""Delta Lake: the one I/O layer and the broadcast source.
+
+- :mod:`~lakecast.delta.io`      the facade callers import (``from lakecast.delta import io
+  as delta_io``): writes (idempotent ``txn``), MERGE, time travel, Change Data Feed
+- :mod:`~lakecast.delta.log`     the Delta log read without Spark (versions, commit info,
+  CDF files, a version's active files)
+- :mod:`~lakecast.delta.source`  Delta versions -> ordered broadcast elements
+"""
+
+from lakecast.delta.source import (
+    CdfUnavailable,
+    DeltaFilesElement,
+    latest_versions,
+    read_broadcast_elements,
+)
+
+__all__ = ["CdfUnavailable", "DeltaFilesElement", "latest_versions", "read_broadcast_elements"]

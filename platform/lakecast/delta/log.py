@@ -1,0 +1,378 @@
+"""Delta logs read without Spark: versions, commit info, ``txn`` actions, the Change Data
+Feed of a version range and the active files of a version (``_delta_log`` replay).
+
+Paths may be local or Hadoop URIs; URIs need a Spark session for listings. The
+:mod:`lakecast.delta.io` facade re-exports what callers use.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from lakecast.errors import LakecastError
+
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+class DeltaIOError(LakecastError):
+    """A Delta table is missing or cannot serve the request."""
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> Path:
+    return Path(path.removeprefix("file://"))
+
+
+def _log_names(path: str, spark: SparkSession | None) -> list[str]:
+    if not _is_uri(path):
+        log = _local(path) / "_delta_log"
+        return [p.name for p in log.iterdir()] if log.is_dir() else []
+    if spark is None:
+        raise DeltaIOError(f"listing the Delta log of {path} needs a Spark session")
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hpath):
+        return []
+    return [s.getPath().getName() for s in fs.listStatus(hpath)]
+
+
+def _read_log_file(path: str, name: str, spark: SparkSession | None) -> str:
+    if not _is_uri(path):
+        return (_local(path) / "_delta_log" / name).read_text()
+    assert spark is not None
+    return "\n".join(r.value for r in spark.read.text(f"{path}/_delta_log/{name}").collect())
+
+
+def table_exists(path: str, spark: SparkSession | None = None) -> bool:
+    """Whether ``path`` holds a Delta table (at least one commit)."""
+    return latest_version(path, spark) is not None
+
+
+def latest_version(path: str, spark: SparkSession | None = None) -> int | None:
+    """Newest committed version of the table at ``path``, or ``None`` if there is none."""
+    versions = [int(m.group(1)) for n in _log_names(path, spark) if (m := _COMMIT.match(n))]
+    return max(versions) if versions else None
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What one Delta commit says about itself."""
+
+    version: int
+    timestamp_ms: int
+    operation: str
+    metrics: dict[str, str]
+
+
+def commit_info(path: str, version: int, spark: SparkSession | None = None) -> CommitInfo:
+    """The commit's timestamp (in-commit timestamp when enabled), operation and metrics."""
+    try:
+        text = _read_log_file(path, f"{version:020d}.json", spark)
+    except FileNotFoundError as e:
+        raise DeltaIOError(f"{path} has no commit file for version {version}") from e
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            ci = action["commitInfo"]
+            ts = ci.get("inCommitTimestamp", ci.get("timestamp", 0))
+            metrics = {k: str(v) for k, v in (ci.get("operationMetrics") or {}).items()}
+            return CommitInfo(version, int(ts), str(ci.get("operation", "")), metrics)
+    raise DeltaIOError(f"{path} version {version} has no commitInfo action")
+
+
+def read_changes_from_log(
+    path: str, start_version: int, end_version: int
+) -> dict[int, pa.Table] | None:
+    """The Change Data Feed of versions ``start..end`` read without Spark: straight from
+    the files each commit names (its ``cdc`` files, else its data-changing ``add`` files
+    as inserts or ``remove`` files as deletes), one Arrow table per version with a
+    ``_change_type`` column (pre-images included, no ``_commit_*`` columns).
+
+    Returns ``None`` when a version needs Spark's reader (:func:`read_changes`): URI
+    paths, metadata/protocol changes, deletion vectors, partitioned or column-mapped
+    files, commits rewriting files without CDC files, or missing files.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _is_uri(path):
+        return None
+    root = _local(path)
+    out: dict[int, pa.Table] = {}
+    for version in range(start_version, end_version + 1):
+        try:
+            text = _read_log_file(path, f"{version:020d}.json", None)
+        except FileNotFoundError:
+            return None
+        files: dict[str, list[str]] = {"add": [], "remove": [], "cdc": []}
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "metaData" in action or "protocol" in action:
+                return None
+            for kind, bucket in files.items():
+                act = action.get(kind)
+                if act is None:
+                    continue
+                if act.get("deletionVector") or act.get("partitionValues"):
+                    return None
+                if kind == "cdc" or act.get("dataChange", True):
+                    bucket.append(act["path"])
+        if files["cdc"]:
+            names, change_type = files["cdc"], None
+        elif files["add"] and files["remove"]:
+            return None
+        elif files["add"]:
+            names, change_type = files["add"], "insert"
+        else:
+            names, change_type = files["remove"], "delete"
+        tables = []
+        for name in names:
+            try:
+                t = pq.read_table(root / unquote(name), partitioning=None)
+            except OSError:
+                return None
+            if any(f.metadata and b"PARQUET:field_id" in f.metadata for f in t.schema):
+                return None  # column mapping: physical names differ from the logical ones
+            if "__is_cdc" in t.column_names:  # Delta's internal marker in CDC files
+                t = t.drop_columns(["__is_cdc"])
+            if change_type is not None:
+                t = t.append_column("_change_type", pa.array([change_type] * t.num_rows,
+                                                             pa.string()))
+            tables.append(t)
+        out[version] = (pa.concat_tables(tables, promote_options="permissive") if tables
+                        else pa.table({"_change_type": pa.array([], pa.string())}))
+    return out
+
+
+def txn_versions(path: str, app_id: str, spark: SparkSession | None = None) -> dict[int, int]:
+    """``{txnVersion: Delta version}`` of the commits that carry a ``txn`` action of
+    ``app_id`` (the idempotent writes of :func:`write` with ``txn=``), read from the log."""
+    out: dict[int, int] = {}
+    for name in _log_names(path, spark):
+        m = _COMMIT.match(name)
+        if not m:
+            continue
+        for line in _read_log_file(path, name, spark).splitlines():
+            if '"txn"' not in line:
+                continue
+            txn = json.loads(line).get("txn")
+            if txn and txn.get("appId") == app_id:
+                out[int(txn["version"])] = int(m.group(1))
+    return out
+
+
+# --------------------------------------------------------------------------- direct reads
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+#: reader features a direct read handles (deletion vectors / column mapping only when unused)
+_DIRECT_READER_FEATURES = {"deletionVectors", "columnMapping", "timestampNtz", "v2Checkpoint",
+                           "vacuumProtocolCheck"}
+
+
+class DirectReadUnsupported(DeltaIOError):
+    """A table version cannot be read safely without Spark (the message says why)."""
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """The active data files of one table version, found by replaying ``_delta_log``
+    (newest classic checkpoint at or before the version, then the JSON commits after it).
+
+    Build it with :func:`table_files`; :meth:`read` reads the rows with pyarrow, as Spark's
+    ``read.format("delta").option("versionAsOf", version)`` would (same rows, same Arrow
+    schema as ``DataFrame.toArrow()``), without a Spark job — on the driver or in a task.
+    """
+
+    path: str
+    version: int
+    files: tuple[str, ...]  # absolute local paths, sorted
+    schema: pa.Schema  # the Arrow schema of Spark's toArrow() for this version
+    num_rows: int  # from the files' Parquet footers
+    nbytes: int  # uncompressed size of the files' row groups (an estimate of the Arrow size)
+
+    def read(self) -> pa.Table:
+        """The table's rows at :attr:`version` (reads the Parquet files)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parts = []
+        for f in self.files:
+            try:
+                t = pq.read_table(f, partitioning=None, coerce_int96_timestamp_unit="us")
+            except OSError as e:
+                raise DeltaIOError(f"{self.path}@v{self.version}: cannot read {f}: {e}") from e
+            parts.append(_conform(t, self.schema))
+        if not parts:
+            return self.schema.empty_table()
+        return pa.concat_tables(parts)
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` with exactly ``schema``'s columns (missing ones as nulls: added by schema
+    evolution after the file was written), cast to its types."""
+    import pyarrow as pa
+
+    cols = []
+    for f in schema:
+        if f.name in t.column_names:
+            c = t.column(f.name)
+            cols.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _arrow_schema(schema_json: str, large_types: bool = False) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    return to_arrow_schema(StructType.fromJson(json.loads(schema_json)),
+                           error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                           prefers_large_types=large_types)
+
+
+def _file_path(root: Path, name: str) -> Path:
+    if "://" in name or name.startswith("file:"):
+        if not name.startswith("file:"):
+            raise DirectReadUnsupported(f"data file {name} is not on the local filesystem")
+        return Path(unquote(re.sub(r"^file:(//)?", "", name)))
+    return root / unquote(name)
+
+
+def _replay(path: str, version: int, names: list[str]) -> tuple[dict[str, dict[str, Any]],
+                                                                 dict[str, Any], dict[str, Any]]:
+    """(active add actions by path, metaData, protocol) at ``version``."""
+    import pyarrow.parquet as pq
+
+    log = _local(path) / "_delta_log"
+    commits = {int(m.group(1)) for n in names if (m := _COMMIT.match(n))}
+    parts: dict[int, dict[int, list[str]]] = {}  # checkpoint version -> n_parts -> names
+    for n in names:
+        if m := _CHECKPOINT.match(n):
+            v, total = int(m.group(1)), int(m.group(3) or 1)
+            parts.setdefault(v, {}).setdefault(total, []).append(n)
+    start, cp_files = 0, []
+    for v in sorted((v for v in parts if v <= version), reverse=True):
+        complete = [sorted(ns) for total, ns in parts[v].items() if len(ns) == total]
+        if complete and all(c in commits for c in range(v + 1, version + 1)):
+            start, cp_files = v + 1, complete[0]
+            break
+    missing = [c for c in range(start, version + 1) if c not in commits]
+    if missing:
+        raise DirectReadUnsupported(
+            f"no classic checkpoint + JSON commits cover version {version} "
+            f"(missing commit files {missing[:3]}...)")
+    adds: dict[str, dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    protocol: dict[str, Any] = {}
+    for name in cp_files:
+        t = pq.read_table(log / name, columns=["add", "metaData", "protocol"])
+        for a in t.column("add").to_pylist():
+            if a is not None:
+                adds[_file_key(a)] = a
+        for m in t.column("metaData").to_pylist():
+            if m is not None:  # Parquet maps come back as (key, value) lists
+                meta = {**m, "configuration": dict(m.get("configuration") or [])}
+        for p in t.column("protocol").to_pylist():
+            if p is not None:
+                protocol = p
+    for c in range(start, version + 1):
+        added, removed = [], []
+        for line in (log / f"{c:020d}.json").read_text().splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "add" in action:
+                added.append(action["add"])
+            elif "remove" in action:
+                removed.append(action["remove"])
+            elif "metaData" in action:
+                meta = action["metaData"]
+            elif "protocol" in action:
+                protocol = action["protocol"]
+        # a commit's actions are a set: its removes apply to the files before it (a DELETE
+        # with deletion vectors removes (file) and adds (file + DV) in one commit)
+        for r in removed:
+            adds.pop(_file_key(r), None)
+        for a in added:
+            adds[_file_key(a)] = a
+    return adds, meta, protocol
+
+
+def _file_key(action: dict[str, Any]) -> str:
+    """A file's identity in log replay: its path and deletion vector (Delta's spec)."""
+    dv = action.get("deletionVector")
+    if not dv:
+        return str(action["path"])
+    return f"{action['path']}#{dv.get('storageType')}{dv.get('pathOrInlineDv')}@{dv.get('offset')}"
+
+
+def table_files(path: str, version: int, *, large_types: bool = False) -> TableFiles:
+    """The files and Arrow schema of version ``version`` of the table at ``path``, from
+    its log, to read it without Spark (:meth:`TableFiles.read`).
+
+    Raises :class:`DirectReadUnsupported` (with the reason) when that is not safe and
+    Spark must read it: URI paths, deletion vectors in use, column mapping, partition
+    columns (their values are not in the files), reader features or checkpoint formats
+    not handled here (V2 checkpoints are skipped for older classic ones or the JSON
+    commits), files missing, or file schemas that do not convert.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _is_uri(path):
+        raise DirectReadUnsupported(f"{path} is not on the local filesystem")
+    names = _log_names(path, None)
+    if not names:
+        raise DeltaIOError(f"{path} is not a Delta table")
+    adds, meta, protocol = _replay(path, version, names)
+    if not meta:
+        raise DirectReadUnsupported(f"{path}@v{version}: no metaData action found")
+    features = set(protocol.get("readerFeatures") or [])
+    if int(protocol.get("minReaderVersion", 1)) > 3 or features - _DIRECT_READER_FEATURES:
+        raise DirectReadUnsupported(
+            f"reader protocol {protocol.get('minReaderVersion')} with features "
+            f"{sorted(features - _DIRECT_READER_FEATURES)}")
+    conf = meta.get("configuration") or {}
+    if conf.get("delta.columnMapping.mode", "none") != "none":
+        raise DirectReadUnsupported(
+            f"column mapping mode {conf['delta.columnMapping.mode']!r}")
+    if meta.get("partitionColumns"):
+        raise DirectReadUnsupported(
+            f"partition columns {list(meta['partitionColumns'])} are not in the data files")
+    if any(a.get("deletionVector") for a in adds.values()):
+        raise DirectReadUnsupported("deletion vectors in use")
+    schema = _arrow_schema(meta["schemaString"], large_types)
+    root = _local(path)
+    files, n_rows, n_bytes = [], 0, 0
+    for name in sorted(a["path"] for a in adds.values()):
+        f = _file_path(root, name)
+        try:
+            pf = pq.ParquetFile(f, coerce_int96_timestamp_unit="us")
+        except OSError as e:
+            raise DirectReadUnsupported(f"cannot open data file {f}: {e}") from e
+        md = pf.metadata
+        n_rows += md.num_rows
+        n_bytes += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        try:  # every file's columns convert to the table's types
+            _conform(pf.schema_arrow.empty_table(), schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise DirectReadUnsupported(f"{f}: file schema does not convert: {e}") from e
+        files.append(str(f))
+    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes)

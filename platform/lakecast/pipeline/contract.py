@@ -1,0 +1,108 @@
+"""The one runtime contract: what :class:`~lakecast.pipeline.micro_batch.MicroBatchPipeline`
+needs from a runtime, and nothing else.
+
+A runtime processes one batch of events at the batch's planned state version and returns
+a :class:`BatchOutput`: the main output, the side outputs, and one *accounting row per
+task* (at least ``task`` and ``events_in``: the events that task consumed). The pipeline
+reconciles from those rows, the same way for every runtime: events read = events the
+tasks consumed + events rejected by validation.
+
+Around the batch, a runtime gets three hooks:
+
+* :meth:`BatchRuntime.commit_state` after the outputs are written and before the batch
+  commits (e.g. the keyed runtime MERGEs its state table, versioned with the outputs);
+* :meth:`BatchRuntime.after_commit` after the batch committed (e.g. checkpoint the
+  broadcast state); returns what it did, for logs and metadata;
+* :meth:`BatchRuntime.on_rewind` when the pipeline was rewound to a checkpoint.
+
+:class:`~lakecast.runtime.broadcast.BroadcastRuntime` (and its checkpointing subclass
+:class:`~lakecast.snapshots.runtime.SnapshottingRuntime`) and
+:class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime` implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakecast.api.element import BroadcastElement
+    from lakecast.pipeline.progress import BatchPlan
+    from lakecast.runtime.metrics import RunMetrics
+
+#: name of the internal side output that carries one accounting row per task
+TASK_SIDE = "_task"
+
+
+@runtime_checkable
+class BatchOutput(Protocol):
+    """The one-pass output of one batch (lazy DataFrames over one computation)."""
+
+    state_version: dict[str, int]
+    new_elements: list[BroadcastElement]
+
+    @property
+    def main(self) -> DataFrame:
+        """Main output rows."""
+        ...
+
+    def side(self, name: str) -> DataFrame:
+        """Rows of the side output ``name``."""
+        ...
+
+    @property
+    def side_output_names(self) -> list[str]:
+        """The function's side outputs (internal ones excluded)."""
+        ...
+
+    def persist(self) -> BatchOutput:
+        """Make every view and :meth:`task_rows` come from one computation."""
+        ...
+
+    def unpersist(self) -> None: ...
+
+    def output_counts(self) -> dict[str | None, int]:
+        """Rows per output (``None``: main; internal outputs excluded), in one action."""
+        ...
+
+    def task_rows(self) -> list[dict[str, Any]]:
+        """One accounting row per task: ``task``, ``events_in`` and runtime-specific
+        numbers."""
+        ...
+
+    def summary(self) -> dict[str, int]:
+        """Runtime-specific counts of the batch (added to the batch's counts)."""
+        ...
+
+    def metrics(self) -> RunMetrics:
+        """Per-task and aggregate metrics (from :meth:`task_rows`)."""
+        ...
+
+
+@runtime_checkable
+class BatchRuntime(Protocol):
+    """Runs a function over micro-batches with task-local broadcast state."""
+
+    function_id: str
+
+    def process_batch(self, events: DataFrame, plan: BatchPlan) -> BatchOutput:
+        """The batch at ``plan.broadcast_versions`` (lazy: nothing runs until an action).
+        Must be deterministic for a given plan, so a redo computes the same output."""
+        ...
+
+    def commit_state(self, output: BatchOutput) -> None:
+        """Persist runtime state that is versioned with the outputs (after they are
+        written, before the batch commits). Idempotent."""
+        ...
+
+    def after_commit(self, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Checkpoint hook, after the batch committed; returns a summary or ``None``."""
+        ...
+
+    def on_rewind(self, plan: BatchPlan) -> None:
+        """Restore hook: the pipeline was rewound to ``plan.restore_of``."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,333 @@
+"""Exactly-once micro-batch pipeline: new events with broadcast state, into Delta.
+
+One call of :meth:`MicroBatchPipeline.run` processes everything that arrived
+since the last committed batch, as one or more batches:
+
+1. **plan**: the events table's new version range and the broadcast tables'
+   current versions (the state version) are logged first
+   (:class:`~lakecast.progress.ProgressLog`); a planned but uncommitted batch
+   from a crashed run is redone with exactly its plan;
+2. **read** the new events (the events table is append-only: the inserts of its
+   Change Data Feed in the range; the first batch reads the table as of
+   ``events_end``);
+3. **validate**: rows a validator marks with a ``_reason`` go to the rejected
+   side table with their reason and raw record — never dropped, never a crash;
+4. **process** the valid rows with the pipeline's runtime (any
+   :class:`~lakecast.pipeline.contract.BatchRuntime`: task-local state on Spark), in one
+   pass that yields the main output, every side output and one accounting row per task;
+5. **reconcile** before writing anything: events in = events the tasks consumed (their
+   accounting rows) + rejected, or the batch fails with nothing written;
+6. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
+   = (pipeline:output, batch id), so a retry never writes twice;
+7. let the runtime persist state versioned with the outputs (``commit_state``), then
+   **commit** the counts and every output table's version (so a rewind can roll the
+   outputs back to any committed batch), then call the runtime's ``after_commit`` hook
+   (e.g. checkpoint the broadcast state, :mod:`lakecast.snapshots.runtime`).
+
+Rewinds (:mod:`lakecast.pipeline.rewind`) go back to a checkpointed batch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from lakecast.delta import io as delta_io
+from lakecast.errors import LakecastError
+from lakecast.pipeline.contract import BatchRuntime
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog
+from lakecast.pipeline.rewind import finish_rewind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+REASON_COLUMN = "_reason"
+
+Validator = Callable[["DataFrame"], "DataFrame"]
+"""Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
+
+
+CRASH_ENV = "LAKECAST_CRASH_AT"
+"""Fault injection for tests: ``LAKECAST_CRASH_AT=<point>`` kills the process with
+SIGKILL at that point of a batch (``planned``, ``read``, ``main_written``,
+``outputs_written``, ``state_written``); ``<point>:<batch_id>`` limits it to one batch."""
+
+
+def _crash_point(point: str, batch_id: int) -> None:
+    target = os.environ.get(CRASH_ENV)
+    if not target:
+        return
+    name, _, only = target.partition(":")
+    if name == point and (not only or int(only) == batch_id):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class AppendOnlyError(LakecastError):
+    """The events table was rewritten (deletes/updates) inside a batch's range."""
+
+
+class ConcurrentRunError(LakecastError):
+    """Another process planned the same batch differently: only one may run it."""
+
+
+class ReconciliationError(LakecastError):
+    """A batch's output counts do not add up to its input count."""
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Tables of a pipeline. ``side_outputs`` maps side output name → Delta table name."""
+
+    name: str
+    events_table: str
+    broadcast_tables: tuple[str, ...]
+    output_table: str
+    side_outputs: Mapping[str, str] = field(default_factory=dict)
+    rejected_table: str | None = None
+    max_versions_per_batch: int | None = None
+    #: a table the runtime writes in ``commit_state`` (e.g. a keyed function's state,
+    #: :mod:`lakecast.runtime.keyed`): versioned with the outputs, rolled back with them
+    state_table: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one batch did (for logs and Dagster metadata)."""
+
+    plan: BatchPlan
+    counts: dict[str, int]
+    seconds: float
+    redone: bool
+    state_version: dict[str, int] = field(default_factory=dict)
+    broadcast_elements: int = 0
+    broadcast_rows: int = 0
+    state_bytes_per_task: int = 0
+    parallelism: int = 0
+    updates_applied: int = 0
+    cold_tasks: int = 0
+    #: what the runtime's ``after_commit`` hook did (e.g. the checkpoint it took)
+    checkpoint: Mapping[str, Any] | None = None
+
+    @property
+    def events_in(self) -> int:
+        return self.counts["events_in"]
+
+
+class MicroBatchPipeline:
+    """Plans, processes and commits micro-batches exactly once."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        spec: PipelineSpec,
+        table_path: Callable[[str], str],
+        log: ProgressLog,
+        runtime: BatchRuntime,
+        validator: Validator | None = None,
+    ) -> None:
+        self.spark = spark
+        self.spec = spec
+        self.table_path = table_path
+        self.log = log
+        self.runtime = runtime
+        self.validator = validator
+
+    @property
+    def output_tables(self) -> list[str]:
+        """Every table the pipeline writes (main, side outputs, rejected)."""
+        tables = [self.spec.output_table, *self.spec.side_outputs.values()]
+        if self.spec.rejected_table:
+            tables.append(self.spec.rejected_table)
+        if self.spec.state_table:
+            tables.append(self.spec.state_table)
+        return tables
+
+    def output_versions(self) -> dict[str, int]:
+        out = {}
+        for t in self.output_tables:
+            v = delta_io.latest_version(self.table_path(t), self.spark)
+            out[t] = -1 if v is None else v
+        return out
+
+    # -- planning -------------------------------------------------------------
+
+    def current_versions(self) -> tuple[int | None, dict[str, int]]:
+        """Latest version of the events table and of each broadcast table that exists."""
+        events = delta_io.latest_version(self.table_path(self.spec.events_table), self.spark)
+        bvs = {}
+        for t in self.spec.broadcast_tables:
+            v = delta_io.latest_version(self.table_path(t), self.spark)
+            if v is not None:
+                bvs[t] = v
+        return events, bvs
+
+    def next_plan(self) -> tuple[BatchPlan | None, bool]:
+        """The batch to run next and whether it redoes a crashed one; ``None`` if idle."""
+        plans, commits = self.log.state()
+        pending, last, _ = ProgressLog.position_of(plans, commits)
+        if pending is not None:
+            return pending, True
+        events_end, bvs = self.current_versions()
+        start = last.events_end if last else -1
+        if events_end is None or events_end <= start:
+            return None, False
+        if self.spec.max_versions_per_batch:
+            events_end = min(events_end, start + self.spec.max_versions_per_batch)
+        batch_id = max(p.batch_id for p in plans) + 1 if plans else 0
+        return BatchPlan(batch_id, start, events_end, bvs), False
+
+    # -- one batch ------------------------------------------------------------
+
+    def read_events(self, plan: BatchPlan) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        path = self.table_path(self.spec.events_table)
+        if plan.events_start < 0:
+            return delta_io.read(self.spark, path, version=plan.events_end)
+        changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
+        rewritten = changes.filter(F.col("_change_type") != "insert").select(
+            "_commit_version").limit(1).collect()
+        if rewritten:
+            raise AppendOnlyError(
+                f"{self.spec.events_table} version {rewritten[0][0]} deletes or updates rows; "
+                f"the micro-batch reads an append-only events table (reprocessing rewritten "
+                f"events would duplicate output). Reset the pipeline's outputs and progress "
+                f"log, or append instead of overwriting."
+            )
+        return changes.filter(F.col("_change_type") == "insert").drop(
+            "_change_type", "_commit_version", "_commit_timestamp"
+        )
+
+    def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
+        """Process one planned batch: count and reconcile first, then write, then commit."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        t0 = time.perf_counter()
+        if not redone:
+            self.log.write_plan(plan)
+            logged = self.log.pending()
+            if logged is None or (logged.events_start, logged.events_end,
+                                  logged.broadcast_versions) != (
+                    plan.events_start, plan.events_end, plan.broadcast_versions):
+                raise ConcurrentRunError(
+                    f"{self.spec.name}: batch {plan.batch_id} was planned by another process "
+                    f"({logged}); only one run of a pipeline may be active at a time"
+                )
+        _crash_point("planned", plan.batch_id)
+        events = self.read_events(plan)
+        rejected = None
+        if self.validator is not None:
+            checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
+            rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
+            valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+            by_reason = {r[0]: r[1] for r in checked.groupBy(REASON_COLUMN).count().collect()}
+            counts = {"events_in": sum(by_reason.values()),
+                      "rejected": sum(n for k, n in by_reason.items() if k is not None)}
+        else:
+            checked = events.persist(StorageLevel.MEMORY_AND_DISK)
+            valid = checked
+            counts = {"events_in": checked.count()}
+        _crash_point("read", plan.batch_id)
+        result = self.runtime.process_batch(valid, plan).persist()
+        try:
+            by_output = result.output_counts()
+            unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs)
+            if unknown:
+                raise ReconciliationError(
+                    f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
+                    f"configured: {sorted(self.spec.side_outputs)}"
+                )
+            counts["enriched"] = by_output.get(None, 0)
+            for side in self.spec.side_outputs:
+                counts[side] = by_output.get(side, 0)
+            # the tasks count what they consumed (outputs need not be 1:1 with events)
+            counts["processed"] = sum(int(r["events_in"]) for r in result.task_rows())
+            counts.update(result.summary())
+            consumed = counts["processed"] + counts.get("rejected", 0)
+            if consumed != counts["events_in"]:
+                raise ReconciliationError(
+                    f"batch {plan.batch_id}: events in = {counts['events_in']} but the tasks "
+                    f"consumed {counts['processed']} and {counts.get('rejected', 0)} were "
+                    f"rejected ({counts}); nothing was written or committed"
+                )
+            # counts reconcile: now write, each output idempotently
+            if rejected is not None:
+                self._write_rejected(rejected, plan)
+            self._write(result.main, self.spec.output_table, "main", plan)
+            _crash_point("main_written", plan.batch_id)
+            for side, table in self.spec.side_outputs.items():
+                if side in result.side_output_names:
+                    self._write(result.side(side), table, side, plan)
+            if self.spec.state_table:
+                _crash_point("outputs_written", plan.batch_id)
+            self.runtime.commit_state(result)
+            if self.spec.state_table:
+                _crash_point("state_written", plan.batch_id)
+            metrics = result.metrics()
+        finally:
+            result.unpersist()
+            checked.unpersist()
+        _crash_point("outputs_written", plan.batch_id)
+        self.log.write_commit(BatchCommit(plan.batch_id, counts,
+                                          output_versions=self.output_versions()))
+        summary = metrics.summary()
+        batch = BatchResult(
+            plan, counts, time.perf_counter() - t0, redone,
+            state_version=dict(result.state_version),
+            broadcast_elements=len(result.new_elements),
+            broadcast_rows=sum(e.num_rows for e in result.new_elements),
+            state_bytes_per_task=metrics.state_bytes_per_task,
+            parallelism=metrics.parallelism,
+            updates_applied=metrics.broadcast_updates_applied,
+            cold_tasks=int(summary["cold_tasks"]),
+        )
+        checkpoint = self.runtime.after_commit(plan)
+        return replace(batch, checkpoint=checkpoint) if checkpoint else batch
+
+    def _write(self, df: DataFrame, table: str, output: str, plan: BatchPlan) -> None:
+        delta_io.write(
+            df, self.table_path(table), txn=(f"{self.spec.name}:{output}", plan.batch_id),
+            merge_schema=True,
+        )
+
+    def _write_rejected(self, rejected: DataFrame, plan: BatchPlan) -> None:
+        from pyspark.sql import functions as F
+
+        if self.spec.rejected_table is None:
+            raise ReconciliationError(
+                f"invalid events and no rejected table configured for {self.spec.name}"
+            )
+        rows = rejected.select(
+            F.col(REASON_COLUMN).alias("reason"),
+            F.to_json(F.struct(*[c for c in rejected.columns if c != REASON_COLUMN])).alias(
+                "raw_record"
+            ),
+            F.lit(plan.batch_id).alias("batch_id"),
+        )
+        self._write(rows, self.spec.rejected_table, "rejected", plan)
+
+    # -- driver ---------------------------------------------------------------
+
+    def run(self, max_batches: int | None = None,
+            on_batch: Callable[[BatchResult], None] | None = None) -> list[BatchResult]:
+        """Run batches until caught up (or ``max_batches``); return what each did."""
+        results: list[BatchResult] = []
+        while max_batches is None or len(results) < max_batches:
+            plan, redone = self.next_plan()
+            if plan is None:
+                break
+            if plan.is_restore:  # a rewind interrupted before its rollback finished
+                finish_rewind(self.spark, self.log, self.table_path, plan)
+                self.runtime.on_rewind(plan)
+                continue
+            result = self.run_batch(plan, redone)
+            results.append(result)
+            if on_batch is not None:
+                on_batch(result)
+        return results
+

@@ -1,0 +1,182 @@
+"""Exactly-once bookkeeping for micro-batch pipelines: a plan log and a commit log in Delta.
+
+Like Structured Streaming's ``offsets/`` and ``commits/`` folders, but as one
+append-only Delta table per pipeline (under the checkpoint root):
+
+1. before a batch writes anything, its **plan** is logged: batch id, the events
+   table's version range and the broadcast tables' versions (the state version);
+2. the batch writes its outputs idempotently (Delta ``txnAppId``/``txnVersion``
+   = pipeline/output and batch id), so a retry never writes twice;
+3. a **commit** row records the counts. The offsets (events range) and the state
+   version commit together, in the plan row that the commit row seals.
+
+After a crash, :meth:`ProgressLog.pending` returns the planned-but-uncommitted
+batch, which is redone *with the same plan*: same events, same state version,
+same output, and Delta skips every output write that had already landed.
+Both log rows are themselves written with ``txnVersion`` = batch id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lakecast.delta import io as delta_io
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PROGRESS_SCHEMA = (
+    "batch_id LONG, kind STRING, events_start LONG, events_end LONG, "
+    "broadcast_versions STRING, counts STRING, recorded_at_ms LONG, output_versions STRING"
+)
+PROGRESS_COLUMNS = [c.strip().split()[0] for c in PROGRESS_SCHEMA.split(",")]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one micro-batch processes: events versions ``(events_start, events_end]``
+    (``events_start`` = -1: everything up to ``events_end``) against the broadcast
+    tables at ``broadcast_versions`` (the state version)."""
+
+    batch_id: int
+    events_start: int
+    events_end: int
+    broadcast_versions: dict[str, int]
+    planned_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: a *rewind* (not a batch): go back to checkpoint ``restore_of``, rolling every output
+    #: table back to ``rollback_to`` (table -> version, -1 = empty)
+    restore_of: int | None = None
+    rollback_to: dict[str, int] | None = None
+
+    @property
+    def is_restore(self) -> bool:
+        return self.restore_of is not None
+
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """A committed batch and its counts."""
+
+    batch_id: int
+    counts: dict[str, int]
+    committed_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: each output table's version once the batch's writes landed (-1: no table yet)
+    output_versions: dict[str, int] = field(default_factory=dict)
+
+
+class ProgressLog:
+    """Plan and commit log of one pipeline, stored as a Delta table at ``path``."""
+
+    def __init__(self, spark: SparkSession, path: str, pipeline: str) -> None:
+        self.spark = spark
+        self.path = path
+        self.pipeline = pipeline
+
+    def _rows(self) -> list[dict[str, Any]]:
+        if delta_io.latest_version(self.path, self.spark) is None:
+            return []
+        return [r.asDict() for r in delta_io.read(self.spark, self.path).collect()]
+
+    def _append(self, row: dict[str, Any], kind: str) -> None:
+        row = {c: row.get(c) for c in PROGRESS_COLUMNS}
+        df = self.spark.createDataFrame([row], PROGRESS_SCHEMA)
+        delta_io.write(df, self.path, txn=(f"{self.pipeline}-{kind}", row["batch_id"]),
+                       merge_schema=True)
+
+    def write_plan(self, plan: BatchPlan) -> None:
+        restore = plan.restore_of is not None
+        self._append(
+            {
+                "batch_id": plan.batch_id, "kind": "restore" if restore else "plan",
+                "events_start": plan.events_start, "events_end": plan.events_end,
+                "broadcast_versions": json.dumps(plan.broadcast_versions, sort_keys=True),
+                "counts": json.dumps({"checkpoint_id": plan.restore_of}) if restore else None,
+                "recorded_at_ms": plan.planned_at_ms,
+                "output_versions": json.dumps(plan.rollback_to, sort_keys=True)
+                if restore else None,
+            },
+            "plan",
+        )
+
+    def write_commit(self, commit: BatchCommit) -> None:
+        self._append(
+            {
+                "batch_id": commit.batch_id, "kind": "commit", "events_start": None,
+                "events_end": None, "broadcast_versions": None,
+                "counts": json.dumps(commit.counts, sort_keys=True),
+                "recorded_at_ms": commit.committed_at_ms,
+                "output_versions": json.dumps(commit.output_versions, sort_keys=True),
+            },
+            "commit",
+        )
+
+    def state(self) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
+        """All plans (by batch id) and commits."""
+        plans, commits = {}, {}
+        for r in self._rows():
+            if r["kind"] == "plan":
+                plans[r["batch_id"]] = BatchPlan(
+                    r["batch_id"], r["events_start"], r["events_end"],
+                    json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
+                )
+            elif r["kind"] == "restore":
+                plans[r["batch_id"]] = BatchPlan(
+                    r["batch_id"], r["events_start"], r["events_end"],
+                    json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
+                    restore_of=json.loads(r["counts"])["checkpoint_id"],
+                    rollback_to=json.loads(r.get("output_versions") or "{}"),
+                )
+            elif r["kind"] == "commit":
+                commits[r["batch_id"]] = BatchCommit(
+                    r["batch_id"], json.loads(r["counts"]), r["recorded_at_ms"],
+                    json.loads(r.get("output_versions") or "{}"),
+                )
+        return [plans[b] for b in sorted(plans)], commits
+
+    def last_committed(self) -> tuple[BatchPlan | None, BatchCommit | None]:
+        """The newest committed batch's plan and commit (``(None, None)`` before any)."""
+        return self.position()[1:]
+
+    def pending(self) -> BatchPlan | None:
+        """The planned batch that has not committed (to be redone with the same plan)."""
+        return self.position()[0]
+
+    def position(self) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
+        """(pending plan, last committed plan, its commit) from one read of the log.
+
+        After a rewind (a ``restore`` row), only the rewind and later rows count: the
+        batches it abandoned are neither pending nor the position."""
+        return self.position_of(*self.state())
+
+    @staticmethod
+    def position_of(plans: list[BatchPlan], commits: dict[int, BatchCommit]
+                    ) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
+        """:meth:`position` of already read log rows."""
+        rewinds = [p for p in plans if p.is_restore]
+        if rewinds:
+            plans = [p for p in plans if p.batch_id >= rewinds[-1].batch_id]
+        done = [p for p in plans if p.batch_id in commits]
+        open_ = [p for p in plans if p.batch_id not in commits]
+        last = done[-1] if done else None
+        return (
+            open_[-1] if open_ else None,
+            last,
+            commits[last.batch_id] if last else None,
+        )
+
+    def abandoned(self) -> set[int]:
+        """Batch ids abandoned by rewinds (between a restored checkpoint and its rewind):
+        their checkpoints are not part of the current history."""
+        plans, _ = self.state()
+        out: set[int] = set()
+        for r in (p for p in plans if p.is_restore):
+            assert r.restore_of is not None
+            out |= {p.batch_id for p in plans if r.restore_of < p.batch_id < r.batch_id}
+        return out
+
+    @staticmethod
+    def as_dict(obj: BatchPlan | BatchCommit) -> dict[str, Any]:
+        return asdict(obj)

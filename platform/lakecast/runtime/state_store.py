@@ -1,0 +1,50 @@
+"""The broadcast states of one task-local function instance (:class:`StateStore`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lakecast.api.descriptors import MapStateDescriptor, StateDeclarationError
+from lakecast.api.frozen import thaw
+from lakecast.api.state import BroadcastState, DictMapState
+from lakecast.api.table_state import TableMapState
+
+
+# --------------------------------------------------------------------------- the store
+class StateStore:
+    """All broadcast states of one task-local function instance, plus applied versions."""
+
+    def __init__(self, descriptors: Sequence[MapStateDescriptor]) -> None:
+        self.states: dict[str, BroadcastState] = {}
+        self.descriptors: dict[str, MapStateDescriptor] = {}
+        for d in descriptors:
+            if d.name in self.descriptors:
+                raise StateDeclarationError(f"broadcast state {d.name!r} is declared twice")
+            self.descriptors[d.name] = d
+            self.states[d.name] = TableMapState(d) if d.table_shaped else DictMapState(d)
+        #: applied Delta version of each broadcast table
+        self.versions: dict[str, int] = {}
+        self.elements_applied = 0
+        self.rows_applied = 0
+
+    def state(self, descriptor: MapStateDescriptor) -> BroadcastState:
+        declared = self.descriptors.get(descriptor.name)
+        if declared is None:
+            raise StateDeclarationError(
+                f"broadcast state {descriptor.name!r} is not declared in state_descriptors() "
+                f"(declared: {sorted(self.descriptors)})"
+            )
+        if declared != descriptor:
+            raise StateDeclarationError(
+                f"broadcast state {descriptor.name!r} is used with a descriptor that differs "
+                f"from the declared one: {descriptor} != {declared}"
+            )
+        return self.states[descriptor.name]
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.states.values())
+
+    def snapshot(self) -> dict[str, dict[Any, Any]]:
+        """Plain-Python copy of every state ``{name: {key: value}}`` (for tests and debugging)."""
+        return {name: {k: thaw(v) for k, v in s.items()} for name, s in self.states.items()}

@@ -1,0 +1,24 @@
+"""Broadcast state checkpoints versioned in Delta: restore, rescale, rewind.
+
+- :mod:`~lakecast.snapshots.codec`         canonical serialization and content hashes
+- :mod:`~lakecast.snapshots.store`         the snapshot table: write, validate, resolve, retain
+- :mod:`~lakecast.snapshots.tasks`         what a task runs during a checkpoint
+- :mod:`~lakecast.snapshots.runtime`       SnapshottingRuntime: checkpoint and restore hooks
+- :mod:`~lakecast.snapshots.checkpointer`  when to checkpoint, what to keep, restore_checkpoint
+- :mod:`~lakecast.snapshots.errors`        SnapshotError and its kinds
+"""
+
+from lakecast.snapshots.checkpointer import Checkpointer, CheckpointResult, restore_checkpoint
+from lakecast.snapshots.errors import (
+    CheckpointDivergenceError,
+    IncompleteCheckpointError,
+    SnapshotError,
+)
+from lakecast.snapshots.runtime import SnapshottingRuntime
+from lakecast.snapshots.store import SnapshotStore
+
+__all__ = [
+    "CheckpointDivergenceError", "CheckpointResult", "Checkpointer",
+    "IncompleteCheckpointError", "SnapshotError", "SnapshotStore", "SnapshottingRuntime",
+    "restore_checkpoint",
+]

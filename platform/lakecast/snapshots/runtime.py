@@ -1,0 +1,347 @@
+"""Checkpoint and restore task-local broadcast state: :class:`SnapshottingRuntime`.
+
+A :class:`~lakecast.runtime.BroadcastRuntime` whose
+
+* :meth:`SnapshottingRuntime.checkpoint` runs a Spark job over ``p`` tasks where each task
+  serializes ITS task-local state (the worker cache the batch just used, or built from
+  the same chain), hashes it, and reports a manifest row per state; the driver fails the
+  checkpoint when tasks disagree (:class:`~lakecast.snapshots.CheckpointDivergenceError`),
+  then a second job writes each distinct content once, and the header, manifest and
+  content rows commit together (one Delta version);
+* cold start (``_base_elements``, the engine's documented hook) restores from the newest
+  complete checkpoint at or before the needed state version instead of reading the full
+  tables, redistributing task states as Flink does (new task ``i`` reads old task
+  ``i mod p_old``), then catches up with the Delta increments since the checkpoint.
+
+Restored state enters the chain as :class:`SnapshotElement` s (one per broadcast table,
+carrying the table's checkpointed version); :class:`SnapshotAware` wraps the user's
+function so that applying them loads the states directly — never through the user's
+``process_broadcast_element``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from lakecast.api.descriptors import MapStateDescriptor
+from lakecast.api.element import BroadcastElement
+from lakecast.api.functions import BroadcastProcessFunction, Context, ReadOnlyContext
+from lakecast.runtime.broadcast import BroadcastRuntime
+from lakecast.runtime.tasks import TaskPlan
+from lakecast.snapshots.checkpointer import Checkpointer, CheckpointResult, describe
+from lakecast.snapshots.codec import (
+    load_into,
+    schema_from_b64,
+    schema_to_b64,
+)
+from lakecast.snapshots.errors import CheckpointDivergenceError, SnapshotError
+from lakecast.snapshots.store import (
+    CheckpointHeader,
+    ManifestRow,
+    RestoredCheckpoint,
+    SnapshotStore,
+    now_ms,
+)
+from lakecast.snapshots.tasks import ENTRY_ARROW, MANIFEST_SCHEMA, content_task, manifest_task
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lakecast.pipeline.progress import BatchPlan
+
+
+log = logging.getLogger(__name__)
+
+
+# ============================================================================ restore element
+@dataclass(frozen=True, eq=False)
+class SnapshotElement(BroadcastElement):
+    """A broadcast element standing for "table ``table`` at ``version``, restored from a
+    checkpoint". ``rows`` is empty (with the table's schema); the first element of a
+    restore carries every state's content in ``contents``."""
+
+    contents: Mapping[str, tuple[str, Any]] | None = None
+    checkpoint_id: int = -1
+    entries: int = 0
+    content_bytes: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.entries
+
+    @property
+    def nbytes(self) -> int:
+        return self.content_bytes
+
+
+class SnapshotAware(BroadcastProcessFunction):
+    """Wraps a function so that :class:`SnapshotElement` s load checkpointed state; every
+    other call is delegated to the wrapped function unchanged."""
+
+    def __init__(self, inner: BroadcastProcessFunction) -> None:
+        self.inner = inner
+
+    # delegation -------------------------------------------------------------------------
+    @property
+    def missing_state(self) -> Any:  # type: ignore[override]
+        return self.inner.missing_state
+
+    @property
+    def batch_format(self) -> Any:  # type: ignore[override]
+        return self.inner.batch_format
+
+    def is_vectorized(self) -> bool:  # type: ignore[override]
+        return self.inner.is_vectorized()
+
+    def state_descriptors(self) -> Sequence[MapStateDescriptor]:
+        return self.inner.state_descriptors()
+
+    def output_tags(self) -> Sequence[Any]:
+        return self.inner.output_tags()
+
+    def side_output_tags(self) -> list[Any]:
+        return self.inner.side_output_tags()
+
+    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        return self.inner.output_schema(input_schema)
+
+    def bind_tables(self, schemas: Mapping[str, pa.Schema]) -> None:
+        self.inner.bind_tables(schemas)
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def process_element(self, value: Any, ctx: ReadOnlyContext) -> Iterable[Any] | None:
+        return self.inner.process_element(value, ctx)
+
+    def process_batch(self, batch: Any, ctx: ReadOnlyContext) -> Any:
+        return self.inner.process_batch(batch, ctx)
+
+    def process_broadcast_element(self, value: Any, ctx: Context) -> Iterable[Any] | None:
+        if isinstance(value, SnapshotElement):
+            if value.contents is not None:
+                declared = {d.name: d for d in self.inner.state_descriptors()}
+                for name, (kind, content) in value.contents.items():
+                    load_into(ctx.get_broadcast_state(declared[name]), kind, content)
+            return None
+        return self.inner.process_broadcast_element(value, ctx)
+
+
+def declared_states(function: BroadcastProcessFunction) -> dict[str, dict[str, Any]]:
+    """``{state: {"kind", "key_columns"}}`` of a function (stored in every checkpoint)."""
+    return {d.name: {"kind": "table" if d.table_shaped else "dict",
+                     "key_columns": list(d.key_columns)}
+            for d in function.state_descriptors()}
+
+
+# ============================================================================ driver side
+class SnapshottingRuntime(BroadcastRuntime):
+    """A :class:`BroadcastRuntime` that checkpoints its task states to a
+    :class:`~lakecast.snapshots.SnapshotStore` and restores from it on cold start.
+
+    ``parallelism``: tasks per batch (:meth:`process_batch` repartitions the events) and
+    of each checkpoint. ``restore``: restore from checkpoints on cold start (``False``:
+    build from the full tables). ``checkpointer``: when to checkpoint in a pipeline
+    (:meth:`after_commit`), which checkpoints belong to the current lineage, retention;
+    without one the runtime checkpoints only when :meth:`checkpoint` is called.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        function: BroadcastProcessFunction,
+        tables: Mapping[str, str],
+        store: SnapshotStore,
+        *,
+        parallelism: int | None = None,
+        restore: bool = True,
+        function_id: str | None = None,
+        checkpointer: Checkpointer | None = None,
+        **options: Any,
+    ) -> None:
+        self.user_function = function
+        fid = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
+        super().__init__(spark, SnapshotAware(function), tables, function_id=fid,
+                         parallelism=parallelism, **options)
+        self.store = store
+        self.restore = restore
+        self.checkpointer = checkpointer
+        self.restore_checkpoint_id: int | None = None  # pin the next cold start to this one
+        self.restored: RestoredCheckpoint | None = None  # what the last cold start used
+        self._restoring = False
+
+    @property
+    def task_parallelism(self) -> int:
+        return self.parallelism or self.spark.sparkContext.defaultParallelism
+
+    # -- restore -----------------------------------------------------------------------
+    def request_restore(self, checkpoint_id: int) -> None:
+        """Make the next run restore from ``checkpoint_id`` (state at that checkpoint),
+        in fresh task caches."""
+        self.close()
+        self.version = {}
+        self.restore_checkpoint_id = checkpoint_id
+        base = self.function_id.split("~")[0]
+        self.function_id = f"{base}~r{checkpoint_id}-{uuid.uuid4().hex[:6]}"
+
+    def _base_elements(self, until: Mapping[str, int] | None) -> list[BroadcastElement]:
+        if self._chain or not self.restore:  # a rebase, or restore disabled
+            return super()._base_elements(until)
+        pinned = self.restore_checkpoint_id
+        restored = self.store.resolve(
+            pinned, max_versions=until,
+            eligible=self.checkpointer.eligible if self.checkpointer else None,
+            parallelism=self.task_parallelism, states=declared_states(self.user_function),
+        ) if self.store.exists() else None
+        if pinned is not None and (restored is None or restored.header.checkpoint_id != pinned):
+            why = "; ".join(restored.skipped) if restored else "no complete checkpoint"
+            if restored is None:
+                raise SnapshotError(f"cannot restore checkpoint {pinned}: {why}")
+            log.warning("checkpoint %s unusable, restored %s instead: %s", pinned,
+                        restored.header.checkpoint_id, why)
+        self.restored = restored
+        self.restore_checkpoint_id = None  # the pin applies to one cold start
+        if restored is None:
+            return super()._base_elements(until)
+        self._restoring = True
+        h = restored.header
+        log.info("restoring broadcast state from checkpoint %d (state %s, p %d -> %d)",
+                 h.checkpoint_id, h.state_version, h.parallelism, self.task_parallelism)
+        out: list[BroadcastElement] = []
+        nbytes = sum(getattr(c, "nbytes", 0) for _, c in restored.contents.values())
+        for i, (table, version) in enumerate(sorted(h.state_version.items())):
+            schema = (schema_from_b64(h.table_schemas[table]) if table in h.table_schemas
+                      else self._table_schema(table, version))
+            out.append(SnapshotElement(
+                table, version, 0, "full", schema.empty_table(),
+                reason=f"restored from checkpoint {h.checkpoint_id}",
+                contents=restored.contents if i == 0 else None,
+                checkpoint_id=h.checkpoint_id,
+                entries=restored.n_entries if i == 0 else 0,
+                content_bytes=nbytes if i == 0 else 0,
+            ))
+        return out
+
+    def _table_schema(self, table: str, version: int) -> pa.Schema:
+        from lakecast.delta import io as delta_io
+
+        return delta_io.read(self.spark, self.tables[table], version=version).limit(0).toArrow(
+        ).schema
+
+    def refresh(self, until: Mapping[str, int] | None = None) -> list[BroadcastElement]:
+        new = super().refresh(until)
+        if self._restoring:  # the base is the checkpoint: catch up to ``until``
+            self._restoring = False
+            new = new + super().refresh(until)
+        return new
+
+    # -- checkpoint --------------------------------------------------------------------
+    def task_plan(self) -> TaskPlan:
+        if not self._chain:
+            raise SnapshotError("nothing to checkpoint: the runtime has not processed a batch")
+        return TaskPlan(function_id=self.function_id, function=self.function,
+                        tables=tuple(sorted(self.tables)), chain=tuple(self._chain),
+                        layout=None)  # type: ignore[arg-type]
+
+    def task_manifest(self, parallelism: int | None = None) -> list[ManifestRow]:
+        """Each of ``p`` tasks hashes its task-local state (one Spark job, no write)."""
+        p = parallelism or self.task_parallelism
+        plan = self.task_plan()
+        rows = (self.spark.range(0, p, 1, p)
+                .mapInArrow(manifest_task(plan), MANIFEST_SCHEMA).collect())
+        return sorted((ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
+                                   {"bytes": r["bytes"], "schema": r["schema"], "pid": r["pid"],
+                                    "cache": r["cache"], "state_bytes": r["state_bytes"]})
+                       for r in rows), key=lambda m: (m.task, m.state))
+
+    def checkpoint(
+        self,
+        checkpoint_id: int,
+        *,
+        batch_id: int,
+        events_start: int,
+        events_end: int,
+        parallelism: int | None = None,
+    ) -> CheckpointResult:
+        """Checkpoint every task's broadcast state (see the module doc); one Delta commit."""
+        from lakecast.delta import io as delta_io
+
+        p = parallelism or self.task_parallelism
+        manifest = self.task_manifest(p)
+        states = declared_states(self.user_function)
+        got = {(m.task, m.state) for m in manifest}
+        missing = [(t, s) for t in range(p) for s in states if (t, s) not in got]
+        if missing:
+            raise SnapshotError(f"checkpoint {checkpoint_id}: tasks did not report {missing}")
+        writers: dict[str, tuple[int, str]] = {}
+        for s in states:
+            by_hash: dict[str, list[int]] = {}
+            for m in manifest:
+                if m.state == s:
+                    by_hash.setdefault(m.content_hash, []).append(m.task)
+            if len(by_hash) > 1:
+                raise CheckpointDivergenceError(s, by_hash, checkpoint_id)
+            (digest, tasks), = by_hash.items()
+            writers[s] = (min(tasks), digest)
+        created = now_ms()
+        header = CheckpointHeader(
+            checkpoint_id=checkpoint_id, pipeline=self.store.pipeline, batch_id=batch_id,
+            events_start=events_start, events_end=events_end,
+            state_version=dict(self.version), parallelism=p, states=states,
+            table_schemas={t: schema_to_b64(s) for t, s in self.table_schemas.items()},
+            function=f"{type(self.user_function).__module__}."
+                     f"{type(self.user_function).__qualname__}",
+            created_at_ms=created,
+        )
+        content = (self.spark.range(0, p, 1, p)
+                   .mapInArrow(content_task(self.task_plan(), checkpoint_id, writers, created),
+                               _spark_schema()))
+        rows = content.unionByName(self.store.small_rows(header, manifest))
+        version = self.store.write(header, rows)
+        info = delta_io.commit_info(self.store.path, version, self.spark)
+        stored = int(info.metrics.get("numOutputBytes", 0))
+        task0 = [m for m in manifest if m.task == 0]
+        return CheckpointResult(
+            header, manifest, version, stored, sum(int(m.meta["bytes"]) for m in task0),
+            len({m.content_hash for m in manifest}), sorted({m.meta["pid"] for m in manifest}),
+        )
+
+
+def _spark_schema() -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(ENTRY_ARROW)
+
+
+    # -- the runtime contract's hooks (lakecast.pipeline.contract.BatchRuntime) ---------
+    def pinned_checkpoints(self) -> set[int]:
+        """Checkpoints this runtime restored from or will restore from (never removed)."""
+        used = set()
+        if self.restored is not None:
+            used.add(self.restored.header.checkpoint_id)
+        if self.restore_checkpoint_id is not None:
+            used.add(self.restore_checkpoint_id)
+        return used
+
+    def after_commit(self, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Checkpoint when the checkpointer says the batch is due; returns its summary."""
+        cp = self.checkpointer
+        if cp is None or not cp.due(plan):
+            return None
+        result = self.checkpoint(plan.batch_id, batch_id=plan.batch_id,
+                                 events_start=plan.events_start, events_end=plan.events_end)
+        cp.record(result, self.pinned_checkpoints())
+        return describe(result)
+
+    def on_rewind(self, plan: BatchPlan) -> None:
+        """Pin the next cold start to the rewind's checkpoint, in fresh task caches."""
+        assert plan.restore_of is not None
+        self.request_restore(plan.restore_of)
+        if self.checkpointer is not None:
+            self.checkpointer.sync()

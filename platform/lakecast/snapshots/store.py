@@ -1,0 +1,481 @@
+"""Broadcast state snapshots versioned in Delta: serialization, the snapshot table, checks.
+
+One Delta table per pipeline (``<checkpoint root>/<pipeline>/snapshots``, partitioned by
+``checkpoint_id``) holds every checkpoint; each checkpoint is written in ONE commit, so it
+is one Delta version and time travel reaches any past one. A checkpoint has three kinds
+of rows:
+
+* ``checkpoint`` (one): the header — batch id, events offsets, state version (applied
+  Delta versions), parallelism ``p``, declared states, broadcast table schemas;
+* ``manifest`` (``p`` x states): what task ``i`` held for state ``s`` — the SHA-256
+  content hash of its canonical serialization, its entry count and size;
+* ``entry``: the content, ``(state, seq, key, value)``, stored ONCE per distinct content
+  hash (Flink stores one copy per task: ``p`` x state size).
+
+A checkpoint is *complete* when its header exists, every task ``0..p-1`` has a manifest
+row for every declared state, and every referenced content has exactly ``n_entries``
+rows whose recomputed hash matches (:meth:`SnapshotStore.validate`). Incomplete or
+corrupt checkpoints are skipped, with the reason, for the previous complete one.
+
+Contents are serialized canonically (:mod:`lakecast.snapshots.codec`), so equal states
+hash equally on every task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakecast.delta import io as delta_io
+from lakecast.snapshots.codec import content_digest, deserialize_state, schema_from_b64, schema_text
+from lakecast.snapshots.errors import IncompleteCheckpointError, SnapshotError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_SCHEMA = (
+    "checkpoint_id LONG, kind STRING, task INT, state STRING, seq LONG, key STRING, "
+    "value BINARY, content_hash STRING, n_entries LONG, meta STRING, created_at_ms LONG"
+)
+SNAPSHOT_COLUMNS = [c.strip().split()[0] for c in SNAPSHOT_SCHEMA.split(",")]
+HEADER, MANIFEST, ENTRY = "checkpoint", "manifest", "entry"
+
+
+
+# ============================================================================ the store
+@dataclass(frozen=True)
+class CheckpointHeader:
+    """What a checkpoint belongs to."""
+
+    checkpoint_id: int
+    pipeline: str
+    batch_id: int
+    events_start: int
+    events_end: int
+    state_version: dict[str, int]
+    parallelism: int
+    states: dict[str, dict[str, Any]]  # name -> {"kind", "key_columns"}
+    table_schemas: dict[str, str]  # table -> schema (base64 IPC)
+    function: str
+    created_at_ms: int
+
+    def meta(self) -> str:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("checkpoint_id",
+                                                                  "created_at_ms")}
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_row(cls, checkpoint_id: int, meta: str, created_at_ms: int) -> CheckpointHeader:
+        return cls(checkpoint_id=checkpoint_id, created_at_ms=created_at_ms, **json.loads(meta))
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    task: int
+    state: str
+    content_hash: str
+    n_entries: int
+    meta: dict[str, Any]
+
+
+@dataclass
+class CheckpointSummary:
+    """One line of ``lakecast snapshots list``."""
+
+    header: CheckpointHeader
+    delta_version: int | None
+    stored_bytes: int | None
+    entries: int  # stored entry rows (all distinct contents)
+    state_bytes: int  # serialized bytes of one task's state
+    problem: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.problem is None
+
+
+@dataclass
+class RestoredCheckpoint:
+    """A validated checkpoint ready to load: per-state content and the task assignment."""
+
+    header: CheckpointHeader
+    contents: dict[str, tuple[str, Any]]  # state -> (kind, content)
+    assignment: dict[int, int]  # new task -> old task it reads
+    n_entries: int
+    skipped: list[str] = field(default_factory=list)
+
+
+def rescale_assignment(p_old: int, p_new: int) -> dict[int, int]:
+    """Flink's redistribution of broadcast state: new task ``i`` reads old task
+    ``i mod p_old`` (same or smaller parallelism: each task reads its own)."""
+    if p_old < 1 or p_new < 1:
+        raise SnapshotError(f"parallelism must be >= 1 (old {p_old}, new {p_new})")
+    return {i: i % p_old for i in range(p_new)}
+
+
+class SnapshotStore:
+    """The snapshot Delta table of one pipeline."""
+
+    def __init__(self, spark: SparkSession, path: str, pipeline: str) -> None:
+        self.spark = spark
+        self.path = path
+        self.pipeline = pipeline
+
+    @property
+    def app_id(self) -> str:
+        return f"{self.pipeline}:snapshots"
+
+    def exists(self) -> bool:
+        return delta_io.latest_version(self.path, self.spark) is not None
+
+    def _df(self, version: int | None = None) -> DataFrame:
+        return delta_io.read(self.spark, self.path, version=version)
+
+    # -- writing ---------------------------------------------------------------------
+    def small_rows(self, header: CheckpointHeader, manifest: Sequence[ManifestRow]
+                   ) -> DataFrame:
+        """The header and manifest rows of a checkpoint as a DataFrame."""
+        cid, ts = header.checkpoint_id, header.created_at_ms
+        rows: list[tuple[Any, ...]] = [
+            (cid, HEADER, None, None, None, None, None, None, None, header.meta(), ts)]
+        for m in manifest:
+            rows.append((cid, MANIFEST, m.task, m.state, None, None, None, m.content_hash,
+                         m.n_entries, json.dumps(m.meta, sort_keys=True), ts))
+        return self.spark.createDataFrame(rows, SNAPSHOT_SCHEMA)
+
+    def write(self, header: CheckpointHeader, rows: DataFrame) -> int:
+        """Write one checkpoint (all its rows) in ONE commit; returns the Delta version."""
+        return delta_io.write(rows.select(*SNAPSHOT_COLUMNS), self.path,
+                              partition_by=["checkpoint_id"],
+                              txn=(self.app_id, header.checkpoint_id))
+
+    # -- reading ---------------------------------------------------------------------
+    def index(self) -> tuple[list[int], list[CheckpointHeader]]:
+        """(every checkpoint id with rows, the headers), in one Spark job."""
+        if not self.exists():
+            return [], []
+        from pyspark.sql import functions as F
+
+        is_header = F.col("kind") == HEADER
+        rows = (self._df().groupBy("checkpoint_id")
+                .agg(F.max(F.when(is_header, F.col("meta"))).alias("meta"),
+                     F.max(F.when(is_header, F.col("created_at_ms"))).alias("ts"))
+                .collect())
+        ids = sorted(r[0] for r in rows)
+        headers = sorted((CheckpointHeader.from_row(r[0], r[1], r[2]) for r in rows
+                          if r[1] is not None), key=lambda h: h.checkpoint_id)
+        return ids, headers
+
+    def headers(self) -> list[CheckpointHeader]:
+        """Every checkpoint header, oldest first."""
+        return self.index()[1]
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids with any rows (including ones without a header: incomplete)."""
+        return self.index()[0]
+
+    def rows(self, checkpoint_id: int) -> pa.Table:
+        """All rows of one checkpoint (one partition), as Arrow."""
+        return self._df().where(f"checkpoint_id = {int(checkpoint_id)}").toArrow()
+
+    def header(self, checkpoint_id: int) -> CheckpointHeader:
+        for h in self.headers():
+            if h.checkpoint_id == checkpoint_id:
+                return h
+        known = [h.checkpoint_id for h in self.headers()]
+        raise SnapshotError(f"no checkpoint {checkpoint_id} in {self.path} (checkpoints: "
+                            f"{known or 'none'})")
+
+    def manifest(self, checkpoint_id: int) -> list[ManifestRow]:
+        rows = (self._df().where(f"checkpoint_id = {int(checkpoint_id)} AND kind = '{MANIFEST}'")
+                .select("task", "state", "content_hash", "n_entries", "meta").collect())
+        return sorted((ManifestRow(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}"))
+                       for r in rows), key=lambda m: (m.task, m.state))
+
+    def entry_counts(self, checkpoint_id: int) -> dict[tuple[str, str], tuple[int, int]]:
+        """(state, content hash) -> (stored rows, stored key+value bytes)."""
+        from pyspark.sql import functions as F
+
+        rows = (self._df().where(f"checkpoint_id = {int(checkpoint_id)} AND kind = '{ENTRY}'")
+                .groupBy("state", "content_hash")
+                .agg(F.count("*"), F.sum(F.length("key") + F.length("value"))).collect())
+        return {(r[0], r[1]): (int(r[2]), int(r[3] or 0)) for r in rows}
+
+    def entries(self, checkpoint_id: int, state: str | None = None,
+                content_hash: str | None = None) -> pa.Table:
+        """Entry rows (state, content_hash, seq, key, value) of a checkpoint, in order."""
+        where = f"checkpoint_id = {int(checkpoint_id)} AND kind = '{ENTRY}'"
+        if state is not None:
+            where += f" AND state = '{state}'"
+        if content_hash is not None:
+            where += f" AND content_hash = '{content_hash}'"
+        t = (self._df().where(where)
+             .select("state", "content_hash", "seq", "key", "value").toArrow())
+        if t.num_rows == 0:
+            return t
+        return t.take(pc.sort_indices(t, sort_keys=[("state", "ascending"),
+                                                    ("content_hash", "ascending"),
+                                                    ("seq", "ascending")]))
+
+    def delta_versions(self) -> dict[int, int]:
+        """checkpoint id -> the Delta version that committed it (from the log's txn)."""
+        return delta_io.txn_versions(self.path, self.app_id, self.spark)
+
+    # -- validation ------------------------------------------------------------------
+    def check_structure(self, header: CheckpointHeader,
+                        manifest: Sequence[ManifestRow] | None = None,
+                        counts: Mapping[tuple[str, str], tuple[int, int]] | None = None
+                        ) -> str | None:
+        """Cheap completeness check (no content read): ``None`` if fine, else the problem."""
+        cid = header.checkpoint_id
+        manifest = self.manifest(cid) if manifest is None else manifest
+        counts = self.entry_counts(cid) if counts is None else counts
+        have = {(m.task, m.state): m for m in manifest}
+        missing = [(t, s) for t in range(header.parallelism) for s in header.states
+                   if (t, s) not in have]
+        if missing:
+            tasks = sorted({t for t, _ in missing})
+            return (f"manifest rows missing for task(s) {tasks} "
+                    f"(states {sorted({s for _, s in missing})})")
+        extra = sorted({m.task for m in manifest if m.task >= header.parallelism})
+        if extra:
+            return (f"manifest has rows for unknown task(s) {extra} "
+                    f"(parallelism {header.parallelism})")
+        for m in manifest:
+            stored = counts.get((m.state, m.content_hash), (0, 0))[0]
+            if stored != m.n_entries:
+                return (f"state {m.state!r} content {m.content_hash[:12]} of task {m.task} has "
+                        f"{stored} entry rows, the manifest says {m.n_entries}")
+        return None
+
+    def validate(self, checkpoint_id: int) -> CheckpointHeader:
+        """Full check (structure + recomputed content hashes); raises
+        :class:`IncompleteCheckpointError` with the problem."""
+        known = {h.checkpoint_id: h for h in self.headers()}
+        if checkpoint_id not in known:
+            raise IncompleteCheckpointError(
+                f"checkpoint {checkpoint_id} has no header row (incomplete)")
+        header = known[checkpoint_id]
+        self._load(header, header.parallelism)
+        return header
+
+    def _load(self, header: CheckpointHeader, p_new: int) -> RestoredCheckpoint:
+        cid = header.checkpoint_id
+        rows = self.rows(cid)  # one read: manifest and content
+        kind_col = rows.column("kind")
+        man = rows.filter(pc.equal(kind_col, MANIFEST))
+        manifest = [ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
+                                json.loads(r["meta"] or "{}")) for r in man.to_pylist()]
+        table = rows.filter(pc.equal(kind_col, ENTRY))
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        if table.num_rows:
+            grouped = table.group_by(["state", "content_hash"]).aggregate([("seq", "count")])
+            for r in grouped.to_pylist():
+                counts[(r["state"], r["content_hash"])] = (int(r["seq_count"]), 0)
+            table = table.take(pc.sort_indices(table, sort_keys=[
+                ("state", "ascending"), ("content_hash", "ascending"), ("seq", "ascending")]))
+        problem = self.check_structure(header, manifest, counts)
+        if problem:
+            raise IncompleteCheckpointError(f"checkpoint {cid} is incomplete: {problem}")
+        by_task = {(m.task, m.state): m for m in manifest}
+        assignment = rescale_assignment(header.parallelism, p_new)
+        needed: dict[str, ManifestRow] = {}
+        for new_task, old_task in assignment.items():
+            for s in header.states:
+                m = by_task[(old_task, s)]
+                prev = needed.get(s)
+                if prev is not None and prev.content_hash != m.content_hash:
+                    raise IncompleteCheckpointError(
+                        f"checkpoint {cid}: state {s!r} differs between old tasks "
+                        f"{prev.task} and {m.task}; refusing to restore new task {new_task} "
+                        "from a diverged checkpoint")
+                needed.setdefault(s, m)
+        contents: dict[str, tuple[str, Any]] = {}
+        total = 0
+        for s, m in needed.items():
+            mask = pc.and_(pc.equal(table.column("state"), s),
+                           pc.equal(table.column("content_hash"), m.content_hash)) \
+                if table.num_rows else None
+            part = table.filter(mask) if mask is not None else table
+            keys = part.column("key").to_pylist() if part.num_rows else []
+            values = part.column("value").to_pylist() if part.num_rows else []
+            kind = header.states[s]["kind"]
+            schema_b64 = m.meta.get("schema")
+            text = schema_text(schema_from_b64(schema_b64)) if kind == "table" and schema_b64 \
+                else ""
+            digest = content_digest(kind, text, keys, values)
+            if digest != m.content_hash or len(keys) != m.n_entries:
+                raise IncompleteCheckpointError(
+                    f"checkpoint {cid} is corrupt: state {s!r} content hash mismatch (manifest "
+                    f"{m.content_hash[:12]}, recomputed {digest[:12]} over {len(keys)} entries)")
+            contents[s] = (kind, deserialize_state(kind, values, schema_b64))
+            total += len(keys)
+        return RestoredCheckpoint(header, contents, assignment, total)
+
+    def resolve(
+        self,
+        checkpoint_id: int | None = None,
+        *,
+        timestamp_ms: int | None = None,
+        max_versions: Mapping[str, int] | None = None,
+        eligible: Callable[[int], bool] | None = None,
+        parallelism: int = 1,
+        states: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> RestoredCheckpoint | None:
+        """Load the newest complete checkpoint matching the filters (``checkpoint_id``: at
+        or before it; ``timestamp_ms``: created at or before it; ``max_versions``: state
+        version not after it; ``states``: same declared states). Incomplete or corrupt
+        ones are skipped for the previous complete one, each with a logged reason
+        (returned in :attr:`RestoredCheckpoint.skipped`). ``None`` when none qualifies."""
+        skipped: list[str] = []
+        ids, headers = self.index()
+        ids_with_rows = set(ids)
+        known = {h.checkpoint_id for h in headers}
+        candidates: list[tuple[int, CheckpointHeader | None]] = [
+            (h.checkpoint_id, h) for h in headers] + [
+            (i, None) for i in ids_with_rows - known]
+        for cid, h in sorted(candidates, key=lambda x: x[0], reverse=True):
+            if checkpoint_id is not None and cid > checkpoint_id:
+                continue
+            if eligible is not None and not eligible(cid):
+                continue
+            if h is None:
+                msg = f"checkpoint {cid} skipped: no header row (incomplete write)"
+                skipped.append(msg)
+                log.warning(msg)
+                continue
+            if timestamp_ms is not None and h.created_at_ms > timestamp_ms:
+                continue
+            if max_versions is not None and any(
+                    max_versions.get(t, -1) < v for t, v in h.state_version.items()):
+                continue
+            if states is not None and {k: dict(v) for k, v in states.items()} != h.states:
+                msg = (f"checkpoint {cid} skipped: its states {sorted(h.states)} do not match "
+                       f"the function's {sorted(states)}")
+                skipped.append(msg)
+                log.warning(msg)
+                continue
+            try:
+                restored = self._load(h, parallelism)
+            except IncompleteCheckpointError as e:
+                msg = f"{e}; skipped for the previous complete checkpoint"
+                skipped.append(msg)
+                log.warning(msg)
+                continue
+            restored.skipped = skipped
+            return restored
+        return None
+
+    # -- listing / diff ----------------------------------------------------------------
+    def summaries(self) -> list[CheckpointSummary]:
+        """Every checkpoint with sizes and its completeness (cheap structural check)."""
+        if not self.exists():
+            return []
+        from pyspark.sql import functions as F
+
+        df = self._df()
+        versions = self.delta_versions()
+        man_rows = df.where(f"kind = '{MANIFEST}'").select(
+            "checkpoint_id", "task", "state", "content_hash", "n_entries", "meta").collect()
+        manifests: dict[int, list[ManifestRow]] = {}
+        for r in man_rows:
+            manifests.setdefault(r[0], []).append(
+                ManifestRow(r[1], r[2], r[3], r[4], json.loads(r[5] or "{}")))
+        cnt_rows = (df.where(f"kind = '{ENTRY}'").groupBy("checkpoint_id", "state", "content_hash")
+                    .agg(F.count("*"), F.sum(F.length("key") + F.length("value"))).collect())
+        counts: dict[int, dict[tuple[str, str], tuple[int, int]]] = {}
+        for r in cnt_rows:
+            counts.setdefault(r[0], {})[(r[1], r[2])] = (int(r[3]), int(r[4] or 0))
+        out = []
+        for h in self.headers():
+            cid = h.checkpoint_id
+            man = manifests.get(cid, [])
+            cnt = counts.get(cid, {})
+            problem = self.check_structure(h, man, cnt)
+            dv = versions.get(cid)
+            stored = None
+            if dv is not None:
+                with _suppress():
+                    stored = int(delta_io.commit_info(self.path, dv, self.spark)
+                                 .metrics.get("numOutputBytes", 0))
+            task0 = [m for m in man if m.task == 0]
+            state_bytes = sum(int(m.meta.get("bytes", 0)) for m in task0)
+            out.append(CheckpointSummary(h, dv, stored, sum(c for c, _ in cnt.values()),
+                                         state_bytes, problem))
+        return out
+
+    def diff(self, a: int, b: int) -> dict[str, dict[str, list[str]]]:
+        """Per state: keys ``added`` / ``removed`` / ``changed`` from checkpoint a to b
+        (task 0's content of each)."""
+        out: dict[str, dict[str, list[str]]] = {}
+        ma = {m.state: m for m in self.manifest(a) if m.task == 0}
+        mb = {m.state: m for m in self.manifest(b) if m.task == 0}
+        if not ma or not mb:
+            raise SnapshotError(f"checkpoint {a if not ma else b} has no manifest for task 0")
+        for s in sorted(set(ma) | set(mb)):
+            if s in ma and s in mb and ma[s].content_hash == mb[s].content_hash:
+                out[s] = {"added": [], "removed": [], "changed": []}
+                continue
+            ea = self._kv(a, ma.get(s))
+            eb = self._kv(b, mb.get(s))
+            out[s] = {
+                "added": sorted(set(eb) - set(ea)),
+                "removed": sorted(set(ea) - set(eb)),
+                "changed": sorted(k for k in set(ea) & set(eb) if ea[k] != eb[k]),
+            }
+        return out
+
+    def _kv(self, cid: int, m: ManifestRow | None) -> dict[str, bytes]:
+        if m is None:
+            return {}
+        t = self.entries(cid, m.state, m.content_hash)
+        if not t.num_rows:
+            return {}
+        return dict(zip(t.column("key").to_pylist(), t.column("value").to_pylist(),
+                        strict=True))
+
+    # -- retention ---------------------------------------------------------------------
+    def retain(self, keep: int, in_use: Iterable[int] | Callable[[], Iterable[int]] = (),
+               verified: int | None = None) -> list[int]:
+        """Delete all but the newest ``keep`` checkpoints, never one in ``in_use`` nor the
+        newest complete one (``verified``: a checkpoint id known complete, e.g. the one
+        just written; else found by full validation, newest first). One atomic Delta
+        DELETE of whole partitions; older Delta versions keep the removed checkpoints
+        reachable by time travel until VACUUM. Returns the removed ids."""
+        if keep < 1:
+            raise SnapshotError(f"keep must be >= 1, got {keep}")
+        ids = self.checkpoint_ids()
+        if len(ids) <= keep:
+            return []
+        protect = set(ids[-keep:]) | set(in_use() if callable(in_use) else in_use)
+        if verified is None:
+            newest = self.resolve()
+            verified = newest.header.checkpoint_id if newest is not None else None
+        if verified is not None:
+            protect.add(verified)
+        drop = [i for i in ids if i not in protect]
+        if drop:
+            delta_io.delete(self.spark, self.path,
+                            f"checkpoint_id IN ({', '.join(str(i) for i in drop)})")
+        return drop
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return exc[0] is not None and issubclass(exc[0], delta_io.DeltaIOError)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
