@@ -53,7 +53,7 @@ def raw_tables(
     pyspark: LakecastSparkResource,
     lake: LakeResource,
 ) -> Iterator[MaterializeResult]:
-    """Register the raw tables written by ``lakecast.datagen`` (or a producer).
+    """Register the raw tables written by ``lakecast.tools.datagen`` (or a producer).
 
     Generates them with the configured seed and scale only when one is missing
     or ``regenerate`` is true; otherwise reports their current Delta version.

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 SEGMENTS_GROUP = "segments"
 DAILY_PARTITIONS = DailyPartitionsDefinition(start_date=DATA_START.isoformat())
-"""UTC days from the first generated day (``lakecast.datagen.DATA_START``)."""
+"""UTC days from the first generated day (``lakecast.tools.datagen.DATA_START``)."""
 
 FEATURE_COLUMNS = (
     "segment", "recency_days", "frequency", "monetary", "purchases", "interests",

@@ -16,7 +16,7 @@ new events, updates the keyed state, persists it and appends one output row
   provider, fed by a Delta streaming source; one ``trigger(availableNow=True)`` query run
   per micro-batch on the same checkpoint; Delta streaming sink.
 * **lakecast** — keyed state in a Delta table (``run_lakecast``; filled in by the keyed
-  runtime in ``lakecast.keyed*``).
+  runtime in ``lakecast.api.keyed*``).
 
 For each side: per-batch seconds, total, first batch, steady-state mean (batches 2..B),
 state bytes on disk; the final counts and last amounts are checked against an
@@ -236,7 +236,7 @@ def run_lakecast(spark: SparkSession, root: str, events_path: str,
                  batches: Sequence[BatchAppender], **options: Any) -> dict[str, Any]:
     """(B) Lakecast's keyed state on the same workload.
 
-    Expected to use ``lakecast.keyed_runtime.KeyedBroadcastRuntime`` with a
+    Expected to use ``lakecast.runtime.keyed.KeyedBroadcastRuntime`` with a
     ``KeyedBroadcastProcessFunction`` keyed by ``key`` holding one ``ValueState``
     ``(count, last_amount)`` and no broadcast tables (or an empty one).
 

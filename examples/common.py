@@ -9,7 +9,7 @@ timers, then processing time and TTL cleanup.
 A table change is written as Delta commits the way a pipeline would: the first version
 as a full write, then one MERGE of the new and changed rows and one DELETE of the rows
 that are gone. The harness receives the same versions as
-:class:`~lakecast.source.BroadcastElement` values (full, then CDF-style changes).
+:class:`~lakecast.api.element.BroadcastElement` values (full, then CDF-style changes).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def write_table_version(spark: Any, path: str, old: Sequence[Row] | None, new: S
 
 
 class SparkDriver:
-    """Runs a scenario with :class:`~lakecast.keyed_runtime.KeyedBroadcastRuntime`."""
+    """Runs a scenario with :class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime`."""
 
     def __init__(self, spark: Any, function: KeyedBroadcastProcessFunction, *, root: str,
                  table: str, key: str, table_schema: str, event_schema: str,

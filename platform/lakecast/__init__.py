@@ -1,30 +1,20 @@
 """Lakecast: Flink's broadcast-state pattern on Spark + Delta Lake.
 
-The engine package is free of Dagster. Its parts:
+The engine package is free of Dagster. Its folders are its architecture (see
+``docs/architecture.md``); each layer imports only the layers above it:
 
-- :mod:`lakecast.config`      one place for lake paths and settings (env overrides)
-- :mod:`lakecast.spark`       the one Spark session factory (local Delta JARs)
-- :mod:`lakecast.delta_io`    the one Delta I/O layer (write, MERGE, versions, CDF)
+- :mod:`lakecast.errors`, :mod:`lakecast.config`, :mod:`lakecast.spark`, :mod:`lakecast.jars`
+  the base: errors, the one config, the one Spark session factory, JARs fetched once
+- :mod:`lakecast.api`        what a function author imports: descriptors, functions,
+  contexts, broadcast and keyed state, declarative enrichment (no Spark)
+- :mod:`lakecast.delta`      the one Delta I/O layer and the broadcast source
+- :mod:`lakecast.pipeline`   the runtime contract and the exactly-once micro-batch pipeline
+- :mod:`lakecast.runtime`    executors, harnesses, and the broadcast and keyed runtimes
+- :mod:`lakecast.snapshots`  checkpoints of broadcast state: restore, rescale, rewind
+- :mod:`lakecast.build`      pipelines built whole (runtime + checkpointer + pipeline)
+- :mod:`lakecast.tools`      the ``lakecast`` command, the data generator, feature flags
 
-The broadcast state engine (see ``docs/engine.md``):
-
-- :mod:`lakecast.api`         MapStateDescriptor, OutputTag, BroadcastProcessFunction, contexts
-- :mod:`lakecast.state`       broadcast map states (dict / Arrow table), read-only views
-- :mod:`lakecast.source`      Delta versions -> ordered BroadcastElements (CDF or full)
-- :mod:`lakecast.executor`    the Spark-free core shared by harness and runtime
-- :mod:`lakecast.enrich`      declarative vectorized enrichment (Lookup, enrich)
-- :mod:`lakecast.runtime`     task-local state on Spark (BroadcastRuntime)
-- :mod:`lakecast.harness`     in-memory test harness
-- :mod:`lakecast.metrics`     task/run metrics and the state-size budget
-
-Keyed broadcast processing (see ``docs/keyed.md``):
-
-- :mod:`lakecast.keyed`           KeyedBroadcastProcessFunction, keyed contexts, timers
-- :mod:`lakecast.keyed_state`     Value/List/Map/Reducing/Aggregating state, TTL, evolution
-- :mod:`lakecast.keyed_executor`  the Spark-free keyed core
-- :mod:`lakecast.keyed_runtime`   keyed state in Delta by key group, on Spark
-- :mod:`lakecast.keyed_harness`   in-memory test harness for keyed functions
-"""
+This module re-exports the user API."""
 
 from lakecast.api.descriptors import (
     HELD,

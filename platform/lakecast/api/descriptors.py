@@ -35,14 +35,14 @@ class MapStateDescriptor:
     ``key_type`` / ``value_type`` are informational (Python types or Arrow types).
     ``key_columns`` makes the state *table-shaped*: values are rows (mappings of
     column -> value), stored column-wise in Arrow so that vectorized lookups
-    (:meth:`lakecast.state.TableMapState.lookup`) never loop over rows in Python.
+    (:meth:`lakecast.api.state.TableMapState.lookup`) never loop over rows in Python.
     """
 
     name: str
     key_type: Any = object
     value_type: Any = object
     key_columns: tuple[str, ...] = ()
-    #: TTL of each map entry when used as KEYED map state (:mod:`lakecast.keyed`)
+    #: TTL of each map entry when used as KEYED map state (:mod:`lakecast.api.keyed`)
     ttl: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

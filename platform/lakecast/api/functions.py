@@ -20,7 +20,7 @@ State is declared in ONE hook, :meth:`BroadcastProcessFunction.state_descriptors
 :class:`ReadOnlyStateError`); ``process_broadcast_element`` sees a read-write
 :class:`Context`. A function may instead (or also) implement the vectorized
 :meth:`BroadcastProcessFunction.process_batch` over Arrow record batches.
-Spark-free: the same function runs in :mod:`lakecast.harness` and :mod:`lakecast.runtime`.
+Spark-free: the same function runs in :mod:`lakecast.runtime.harness` and :mod:`lakecast.runtime`.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class BroadcastProcessFunction:
 
     * :meth:`state_descriptors` — the ONE hook declaring the broadcast states.
     * :meth:`process_broadcast_element` — apply one broadcast element (from Delta: a
-      :class:`lakecast.source.BroadcastElement`) to the state; runs identically on every
+      :class:`lakecast.api.element.BroadcastElement`) to the state; runs identically on every
       task, so it must be deterministic.
     * :meth:`process_element` — one event (a ``dict``), yields output rows (dicts).
     * :meth:`process_batch` — vectorized alternative: a batch of events

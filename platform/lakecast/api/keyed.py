@@ -34,9 +34,9 @@ read-only broadcast state and read-write keyed state of the current key;
 ``process_broadcast_element`` sees read-write broadcast state and may visit every key's
 state held by the task with :meth:`KeyedContext.apply_to_keyed_state`. Registering a
 timer there raises :class:`TimerRegistrationError`, as in Flink (a broadcast element has
-no key). Keyed state primitives, TTL and serialization live in :mod:`lakecast.keyed_state`;
-the Spark-free executor in :mod:`lakecast.keyed_executor`; the Spark runtime in
-:mod:`lakecast.keyed_runtime`; the in-memory harness in :mod:`lakecast.keyed_harness`.
+no key). Keyed state primitives, TTL and serialization live in :mod:`lakecast.api.keyed_state`;
+the Spark-free executor in :mod:`lakecast.runtime.keyed_executor`; the Spark runtime in
+:mod:`lakecast.runtime.keyed`; the in-memory harness in :mod:`lakecast.runtime.keyed_harness`.
 """
 
 from __future__ import annotations

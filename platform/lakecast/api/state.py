@@ -97,8 +97,8 @@ class BroadcastState:
         key_columns: Sequence[str] | str | None = None,
         value_columns: Sequence[str] | str | None = None,
     ) -> None:
-        """Apply a Delta :class:`~lakecast.source.BroadcastElement`: a ``full`` element replaces
-        the state, a ``changes`` element upserts inserts/post-images and removes deletes.
+        """Apply a Delta :class:`~lakecast.api.element.BroadcastElement`: a ``full`` element
+        replaces the state, a ``changes`` element upserts inserts/post-images and removes deletes.
 
         Keys come from ``key_columns`` (a tuple key when several); values are the row as a
         frozen dict of ``value_columns`` (all columns by default), or a scalar when

@@ -9,7 +9,7 @@ it returns one ``full`` element with the table as of the newest version and says
 
 Order is total and deterministic: commit order within a table; across tables by commit
 timestamp, then table name (a table's timestamps are made non-decreasing first, so
-commit order always wins). All reads go through :mod:`lakecast.delta_io`.
+commit order always wins). All reads go through :mod:`lakecast.delta.io`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class DeltaFilesElement(BroadcastElement):
     """A ``full`` element whose rows are the Parquet files of one table version
-    (:class:`lakecast.delta_io.TableFiles`), read on first access of :attr:`rows`.
+    (:class:`lakecast.delta.io.TableFiles`), read on first access of :attr:`rows`.
 
     The runtime ships it to the tasks as a file list, so each task that builds its state
     reads the files itself (no Spark job on the driver, no rows in the broadcast).
@@ -182,7 +182,7 @@ def read_broadcast_elements(
     ``since[name]`` is the last applied version (missing/``None``: nothing applied yet).
     ``until[name]`` caps the version read (default: the newest). Tables that do not
     exist yet are skipped. ``fast_path`` reads simple commits' change files directly
-    (:func:`lakecast.delta_io.read_changes_from_log`) instead of running a Spark job.
+    (:func:`lakecast.delta.io.read_changes_from_log`) instead of running a Spark job.
     ``direct_full`` returns full tables as :class:`DeltaFilesElement` s (their files are
     read where the rows are needed) when that is safe, instead of reading them with Spark.
     """

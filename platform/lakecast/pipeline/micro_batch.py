@@ -5,7 +5,7 @@ since the last committed batch, as one or more batches:
 
 1. **plan**: the events table's new version range and the broadcast tables'
    current versions (the state version) are logged first
-   (:class:`~lakecast.progress.ProgressLog`); a planned but uncommitted batch
+   (:class:`~lakecast.pipeline.progress.ProgressLog`); a planned but uncommitted batch
    from a crashed run is redone with exactly its plan;
 2. **read** the new events (the events table is append-only: the inserts of its
    Change Data Feed in the range; the first batch reads the table as of

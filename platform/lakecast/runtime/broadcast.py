@@ -4,7 +4,7 @@
 (one per function). Each :meth:`BroadcastRuntime.process` call:
 
 1. **refreshes**: reads new Delta versions of the broadcast tables as ordered
-   :class:`~lakecast.source.BroadcastElement` s (CDF increments) and ships them as ONE
+   :class:`~lakecast.api.element.BroadcastElement` s (CDF increments) and ships them as ONE
    Spark broadcast variable per increment. The increments form a *chain*
    ``base -> v1 -> v2 ...`` whose links are named by state versions (the vector of
    applied Delta versions ``{table: version}``);

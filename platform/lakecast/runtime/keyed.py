@@ -1,6 +1,6 @@
 """Keyed broadcast processing on Spark, with keyed state versioned in Delta.
 
-:class:`KeyedBroadcastRuntime` runs a :class:`~lakecast.keyed.KeyedBroadcastProcessFunction`
+:class:`KeyedBroadcastRuntime` runs a :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction`
 over one micro-batch of events at a time:
 
 1. **plan (driver)**: the keyed state of the previous batch (a Delta table version), the
@@ -86,7 +86,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class KeyedResult(BroadcastResult):
     """The one-pass output of a keyed batch: main/side outputs as in
-    :class:`~lakecast.runtime.BroadcastResult`, plus the changed keyed state rows
+    :class:`~lakecast.runtime.broadcast.BroadcastResult`, plus the changed keyed state rows
     (:attr:`state_changes`) and one accounting row per task (:attr:`tasks`)."""
 
     batch_id: int = -1

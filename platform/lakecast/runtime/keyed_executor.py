@@ -1,7 +1,7 @@
 """The Spark-free core of keyed broadcast processing, shared by the harness and the runtime.
 
-:class:`KeyedExecutor` extends the broadcast :class:`~lakecast.executor.Executor` with a
-:class:`~lakecast.keyed_state.KeyedStateBackend`, timers, a watermark and a processing
+:class:`KeyedExecutor` extends the broadcast :class:`~lakecast.runtime.executor.Executor` with a
+:class:`~lakecast.api.keyed_state.KeyedStateBackend`, timers, a watermark and a processing
 clock. Order of work in one step (a micro-batch, or a harness call):
 
 1. broadcast elements (read-write broadcast state; ``apply_to_keyed_state`` visits every
@@ -11,7 +11,7 @@ clock. Order of work in one step (a micro-batch, or a harness call):
 3. timers: event-time timers up to the new watermark, processing-time timers up to the
    processing time, in (time, key) order; timers registered while firing fire too if due
    (:meth:`KeyedExecutor.fire_timers`);
-4. TTL cleanup of every expired entry (:meth:`~lakecast.keyed_state.KeyedStateBackend.expire`).
+4. TTL cleanup of every expired entry (:meth:`~lakecast.api.keyed_state.KeyedStateBackend.expire`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
     assert h.outputs == [...]
     assert h.keyed_state(LAST, "u1") == 12.5
 
-The same :class:`~lakecast.keyed_executor.KeyedExecutor` runs inside Spark tasks, so
+The same :class:`~lakecast.runtime.keyed_executor.KeyedExecutor` runs inside Spark tasks, so
 read-only broadcast state, timer rules and TTL behave the same. :meth:`snapshot` and
 :meth:`restore` round-trip the keyed state through its serialized form (with the schema
 check), so state schema evolution can be unit-tested too.
@@ -131,7 +131,7 @@ class KeyedBroadcastTestHarness(BroadcastTestHarness):
     def restore(cls, function: KeyedBroadcastProcessFunction, snapshot: Mapping[str, Any],
                 **options: Any) -> KeyedBroadcastTestHarness:
         """A harness whose keyed state is restored from :meth:`snapshot` (checks the schema
-        first: :class:`~lakecast.keyed_state.StateSchemaError` on a breaking change)."""
+        first: :class:`~lakecast.api.keyed_state.StateSchemaError` on a breaking change)."""
         import json
 
         options.setdefault("processing_time", snapshot.get("processing_time", 0))

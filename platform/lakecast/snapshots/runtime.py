@@ -312,13 +312,6 @@ class SnapshottingRuntime(BroadcastRuntime):
             len({m.content_hash for m in manifest}), sorted({m.meta["pid"] for m in manifest}),
         )
 
-
-def _spark_schema() -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(ENTRY_ARROW)
-
-
     # -- the runtime contract's hooks (lakecast.pipeline.contract.BatchRuntime) ---------
     def pinned_checkpoints(self) -> set[int]:
         """Checkpoints this runtime restored from or will restore from (never removed)."""
@@ -345,3 +338,9 @@ def _spark_schema() -> Any:
         self.request_restore(plan.restore_of)
         if self.checkpointer is not None:
             self.checkpointer.sync()
+
+
+def _spark_schema() -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(ENTRY_ARROW)

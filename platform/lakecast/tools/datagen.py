@@ -16,7 +16,7 @@ unknown to the dimensions, negative or NaN amounts and prices, unparsable
 timestamps, unknown event types and exact duplicates. The batch assets
 quarantine them (see ``assets/``).
 
-CLI: ``python -m lakecast.datagen --scale 1 --seed 7``.
+CLI: ``python -m lakecast.tools.datagen --scale 1 --seed 7``.
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def refresh_dimensions(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m lakecast.datagen --scale 1 --seed 7 [--days 7] [--start 2026-01-01]``."""
+    """``python -m lakecast.tools.datagen --scale 1 --seed 7 [--days 7] [--start 2026-01-01]``."""
     from lakecast.spark import get_spark
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
