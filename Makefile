@@ -10,8 +10,12 @@ DEPS   := $(VENV)/.lakecast-deps
 JARS   := var/jars/.complete
 
 export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
+# demo and ui run Spark on the project's Lakecast Spark server (started on demand, kept
+# running so that runs find their state warm; `make server-stop` stops it). Set it
+# empty for Spark inside each process: `make demo LAKECAST_SPARK_REMOTE=`.
+LAKECAST_SPARK_REMOTE ?= server
 
-.PHONY: setup demo test lint ui bench clean clean-lake lock
+.PHONY: setup demo test lint ui bench clean clean-lake lock server-start server-stop server-status
 
 setup: $(DEPS) $(JARS)
 
@@ -27,7 +31,7 @@ $(JARS): deploy/maven/pom.xml $(DEPS)
 	@$(PY) -m lakecast.jars
 
 demo: setup
-	@$(PY) -m jobs.demo
+	@LAKECAST_SPARK_REMOTE=$(LAKECAST_SPARK_REMOTE) $(PY) -m jobs.demo
 
 test: setup
 	@$(VENV)/bin/ruff check .
@@ -39,7 +43,17 @@ lint: $(DEPS)
 ui: setup
 	@mkdir -p "$(DAGSTER_HOME)"
 	@test -f "$(DAGSTER_HOME)/dagster.yaml" || cp deploy/dagster/dagster.yaml "$(DAGSTER_HOME)/dagster.yaml"
-	@$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
+	@if [ "$(LAKECAST_SPARK_REMOTE)" = server ]; then $(VENV)/bin/lakecast server start; fi
+	@LAKECAST_SPARK_REMOTE=$(LAKECAST_SPARK_REMOTE) $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
+
+server-start: setup
+	@$(VENV)/bin/lakecast server start
+
+server-stop:
+	@$(VENV)/bin/lakecast server stop
+
+server-status:
+	@$(VENV)/bin/lakecast server status
 
 bench: setup
 	@$(PY) -m benchmarks.broadcast_enrichment

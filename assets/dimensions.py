@@ -16,6 +16,7 @@ from assets import transforms
 from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.delta import io as delta_io
+from lakecast.spark import local_checkpoint
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, RAW_PRODUCTS, RAW_USERS
 
 DIM_GROUP = "dimensions"
@@ -35,7 +36,7 @@ def refresh_dimension(
     """Validate ``source``, quarantine rejects, MERGE accepted rows into ``target``."""
     spark = pyspark.spark_session
     settings = lake.settings()
-    classified = classify(delta_io.read(spark, settings.table_path(source))).localCheckpoint()
+    classified = local_checkpoint(classify(delta_io.read(spark, settings.table_path(source))))
     counts = {r["_reason"]: r["count"] for r in classified.groupBy("_reason").count().collect()}
     n_input = sum(counts.values())
     n_accepted = counts.get(None, 0)

@@ -15,15 +15,31 @@ class LakecastSparkResource(PySparkResource):
     """dagster-pyspark's ``PySparkResource``, built by Lakecast's one session factory.
 
     ``spark_config`` entries override the factory's configuration (see
-    :mod:`lakecast.config`), so the session always has Delta and the local JARs.
+    :mod:`lakecast.config`), so the session always has Delta and the local JARs. With
+    ``LAKECAST_SPARK_REMOTE`` set the run attaches to the Lakecast Spark server:
+    :attr:`spark_session` is a session of the run's own (batch assets), and
+    :meth:`session_for` the stable server-side session of a pipeline, shared by all its
+    runs, so its task-local broadcast state stays warm from one run to the next.
     """
 
     spark_config: dict[str, Any] = {}
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._spark_session = get_spark(
-            overrides={k: str(v) for k, v in self.spark_config.items()}, app_name="lakecast-dagster"
-        )
+        self._spark_session = None  # created on first use: a pipeline run needs only its own
+
+    def _overrides(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.spark_config.items()}
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            self._spark_session = get_spark(self._overrides(), app_name="lakecast-dagster")
+        return self._spark_session
+
+    def session_for(self, pipeline: str) -> Any:
+        """The Spark session of ``pipeline``'s runs (in-process: the process's session)."""
+        return get_spark(self._overrides(), app_name="lakecast-dagster",
+                         session=f"pipeline:{pipeline}")
 
 
 class LakeResource(ConfigurableResource):

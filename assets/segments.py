@@ -33,6 +33,7 @@ from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
+from lakecast.spark import local_checkpoint
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_SEGMENTS
 from lakecast.tools.datagen import DATA_START
 
@@ -93,9 +94,9 @@ def build_segments(
     events = delta_io.read(spark, settings.table_path(EVENTS)).filter(
         F.col("ingest_day") <= keys[-1]
     )
-    users = delta_io.read(spark, settings.table_path(DIM_USERS)).localCheckpoint()
+    users = local_checkpoint(delta_io.read(spark, settings.table_path(DIM_USERS)))
     products = delta_io.read(spark, settings.table_path(DIM_PRODUCTS))
-    classified = transforms.classify_events(events, users, products).localCheckpoint()
+    classified = local_checkpoint(transforms.classify_events(events, users, products))
     in_range = classified.filter(F.col("ingest_day").isin(keys))
     counts: dict[tuple[str, bool], int] = {
         (r["ingest_day"], r["ok"]): r["count"]
@@ -107,10 +108,9 @@ def build_segments(
         in_range, EVENTS, USER_SEGMENTS, F.col("ingest_day"), run_id, datetime.now(UTC)
     )
     write_quarantine(spark, settings, rejected, USER_SEGMENTS, keys)
-    accepted = (
+    accepted = local_checkpoint(
         classified.filter(F.col("_reason").isNull())
         .select("user_id", "event_type", "amount", "event_ts", "category")
-        .localCheckpoint()
     )
     outcomes = []
     for day, key in zip(days, keys, strict=True):

@@ -30,6 +30,7 @@ from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.build import broadcast_pipeline
 from lakecast.config import Settings, get_settings
+from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
@@ -91,6 +92,9 @@ def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
         "broadcast_rows": sum(r.broadcast_rows for r in results),
         "broadcast_updates_applied": sum(r.updates_applied for r in results),
         "batch_seconds_max": round(max((r.seconds for r in results), default=0.0), 3),
+        # tasks that built their state from scratch (0 in a run whose state stayed warm)
+        "first_batch_cold_tasks": results[0].cold_tasks if results else 0,
+        "cold_tasks": sum(r.cold_tasks for r in results),
     }
     if results:
         last = results[-1]
@@ -122,7 +126,7 @@ def enrichment_microbatch_assets(
 ) -> Iterator[MaterializeResult]:
     """Run micro-batches until caught up with the events table."""
     settings = lake.settings()
-    pipeline = build_pipeline(pyspark.spark_session, settings)
+    pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings)
 
     def log(r: BatchResult) -> None:
         context.log.info(
@@ -175,14 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-checkpoints", type=int, default=10)
     args = parser.parse_args(argv)
     settings = get_settings()
-    spark = get_spark(app_name="lakecast-microbatch")
+    try:
+        spark = get_spark(app_name="lakecast-microbatch",
+                          session=f"pipeline:{ENRICHMENT.name}")
+    except LakecastError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     pipeline = build_pipeline(spark, settings, args.max_versions_per_batch,
                               parallelism=args.parallelism,
                               checkpoint_every=args.checkpoint_every or None,
                               keep_checkpoints=args.keep_checkpoints)
     results = pipeline.run(
         max_batches=args.max_batches,
-        on_batch=lambda r: print(f"batch {r.plan.batch_id}: {r.counts}", flush=True),
+        on_batch=lambda r: print(f"batch {r.plan.batch_id}: {r.counts} "
+                                 f"cold_tasks={r.cold_tasks}", flush=True),
     )
     print(json.dumps(summarize(results), sort_keys=True), flush=True)
     return 0

@@ -1,4 +1,10 @@
-"""Shared fixtures: one Spark session per test run, a temporary lake per test."""
+"""Shared fixtures: one Spark session per test run, a temporary lake per test, and one
+Lakecast Spark server (Spark Connect) per test run for the tests marked ``connect``.
+
+Once a process holds a Spark Connect session, PySpark resolves every DataFrame function
+to its Spark Connect implementation, so the in-process session cannot be used any more:
+the ``connect`` tests run last (:func:`pytest_collection_modifyitems`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,42 @@ from collections.abc import Iterator
 import pytest
 
 from lakecast.config import Settings, get_settings
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Run the Spark Connect tests after every in-process Spark test."""
+    items.sort(key=lambda item: item.get_closest_marker("connect") is not None)
+
+
+@pytest.fixture(scope="session")
+def spark_server():
+    """One Lakecast Spark server for the test run (a free port on 127.0.0.1)."""
+    import socket
+
+    from lakecast.server import Server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Server(get_settings(), "127.0.0.1", port)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def connect_lake(lake, spark_server, monkeypatch) -> Iterator[Settings]:
+    """A fresh lake whose Spark is the test run's Lakecast Spark server."""
+    monkeypatch.setenv("LAKECAST_SPARK_REMOTE", spark_server.url)
+    yield get_settings()
+
+
+@pytest.fixture
+def connect_spark(connect_lake):
+    """A Spark Connect session of its own on the test run's server."""
+    from lakecast.spark import get_spark
+
+    return get_spark(settings=connect_lake)
 
 
 @pytest.fixture(scope="session")

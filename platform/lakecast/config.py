@@ -11,6 +11,9 @@ and an environment override:
 - Spark master: ``LAKECAST_SPARK_MASTER`` (``local[*]``)
 - Spark defaults file: ``LAKECAST_SPARK_CONF_FILE`` (``deploy/spark/spark-defaults.conf``)
 - extra Spark conf: ``LAKECAST_SPARK_CONF`` as ``k=v;k=v`` (none)
+- Spark mode: ``LAKECAST_SPARK_REMOTE`` (empty: Spark in this process; ``server``: the
+  project's Lakecast Spark server, started on demand; ``sc://host:port``: a running
+  Spark Connect server, see :mod:`lakecast.server`)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -78,6 +81,8 @@ class Settings:
     spark_master: str | None
     spark_conf_file: Path | None
     spark_conf: dict[str, str] = field(default_factory=dict)
+    #: "" (in-process Spark), "server" (the project's server) or an ``sc://`` URL
+    spark_remote: str = ""
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -125,4 +130,13 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         spark_master=env.get("LAKECAST_SPARK_MASTER") or None,
         spark_conf_file=conf_file,
         spark_conf=parse_conf_pairs(env.get("LAKECAST_SPARK_CONF", "")),
+        spark_remote=_remote(env.get("LAKECAST_SPARK_REMOTE", "")),
     )
+
+
+def _remote(value: str) -> str:
+    value = value.strip()
+    if value and value != "server" and not value.startswith("sc://"):
+        raise ConfigError(f"LAKECAST_SPARK_REMOTE={value!r}: use empty (Spark in-process), "
+                          f"'server' (the project's Lakecast Spark server) or an sc:// URL")
+    return value

@@ -1,124 +1,90 @@
 """The one Spark session factory, used by assets, jobs, tests and benchmarks.
 
-``get_spark()`` returns a Delta-enabled session that starts from the local JAR
-folder only (``spark.jars``; ``spark.jars.packages`` is refused), on
-``local[*]`` unless configured otherwise. See :mod:`lakecast.config` for the
-override order. It also points Python workers at the running interpreter
-(``PYSPARK_PYTHON``) and puts the project on their ``PYTHONPATH``.
+``get_spark()`` returns a Delta-enabled session in one of two modes
+(``LAKECAST_SPARK_REMOTE``, see :mod:`lakecast.config`):
+
+- **in-process** (the default): a classic session in this process, started from the
+  local JAR folder (:mod:`lakecast.spark_conf`), ``local[*]`` unless configured;
+- **Spark Connect**: a client session of a Lakecast Spark server (:mod:`lakecast.server`;
+  ``server`` starts the project's own on demand). ``get_spark(session="name")`` attaches
+  to the server-side session ``name`` of this lake: every process asking for the same
+  name shares that session and its Python workers, so task-local state stays warm
+  between Dagster runs. Without a name a process gets a session of its own.
+
+Engine code must run in both modes: no ``sparkContext``, RDDs, accumulators or
+broadcast variables; :func:`default_parallelism` and :func:`local_checkpoint` cover the
+two places where the modes differ.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
-import shutil
-import sys
-from pathlib import Path
+import socket
+import uuid
 from typing import TYPE_CHECKING
 
-from lakecast.config import Settings, get_settings, parse_spark_defaults
-from lakecast.errors import ConfigError, SetupError
-from lakecast.jars import local_jars
+from lakecast.config import Settings, get_settings
+from lakecast.errors import SetupError
+from lakecast.spark_conf import (
+    BUILTIN_DEFAULTS,
+    DEFAULT_APP_NAME,
+    build_conf,
+    check_java,
+    python_env,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
-DEFAULT_APP_NAME = "lakecast"
-
-BUILTIN_DEFAULTS: dict[str, str] = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.ui.enabled": "false",
-    "spark.driver.memory": "6g",
-    "spark.sql.shuffle.partitions": "8",
-    "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # Every Delta table Lakecast creates records its Change Data Feed.
-    "spark.databricks.delta.properties.defaults.enableChangeDataFeed": "true",
-}
-
-# Settings that must not be overridden: Spark starts from local JARs only.
-_FORBIDDEN = ("spark.jars.packages", "spark.jars.repositories", "spark.jars.ivy")
+__all__ = [
+    "BUILTIN_DEFAULTS", "DEFAULT_APP_NAME", "ServerUnavailableError", "build_conf",
+    "check_java", "default_parallelism", "delta_jar_location", "get_spark", "is_connect",
+    "local_checkpoint", "python_env", "session_id_for",
+]
 
 
-def check_java() -> str:
-    """Path of the ``java`` binary Spark will use, or a :class:`SetupError`."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise SetupError(
-            "Java 17 is required to run Spark and was not found (no JAVA_HOME, no `java` on PATH). "
-            "Install it with `apt-get install -y openjdk-17-jre-headless`, then run `make setup`."
-        )
-    return found
+class ServerUnavailableError(SetupError):
+    """The configured Spark Connect server cannot be reached."""
 
 
-def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """The full Spark conf for a session, in precedence order (see module doc)."""
-    conf = dict(BUILTIN_DEFAULTS)
-    conf["spark.master"] = "local[*]"
-    if settings.spark_conf_file is not None:
-        conf.update(parse_spark_defaults(settings.spark_conf_file))
-    conf.update(settings.spark_conf)
-    if settings.spark_master:
-        conf["spark.master"] = settings.spark_master
-    conf.update({k: str(v) for k, v in (overrides or {}).items()})
-    bad = [k for k in _FORBIDDEN if k in conf]
-    if bad:
-        raise ConfigError(
-            f"{', '.join(bad)} is not allowed: Lakecast's Spark starts from the local JARs in "
-            f"{settings.jars_dir} and never downloads packages. Add JARs with deploy/maven/pom.xml."
-        )
-    jars = [str(p) for p in local_jars(settings.jars_dir)]
-    extra = [j for j in conf.get("spark.jars", "").split(",") if j]
-    conf["spark.jars"] = ",".join(jars + [j for j in extra if j not in jars])
-    log4j = settings.project_root / "deploy" / "spark" / "log4j2.properties"
-    if log4j.exists() and "-Dlog4j.configurationFile" not in conf.get(
-        "spark.driver.extraJavaOptions", ""
-    ):
-        opts = conf.get("spark.driver.extraJavaOptions", "")
-        conf["spark.driver.extraJavaOptions"] = (
-            f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
-        )
-    conf.setdefault("spark.sql.warehouse.dir", str(settings.project_root / "var" / "warehouse"))
-    return conf
-
-
-def _prepare_python_env(settings: Settings) -> None:
-    """Python workers use this interpreter and can import the project's modules."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    roots = [str(settings.project_root), str(settings.project_root / "platform")]
-    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(roots + [p for p in current if p not in roots])
+#: Spark Connect sessions of this process, by (url, session id)
+_SESSIONS: dict[tuple[str, str], SparkSession] = {}
+_PARALLELISM: dict[str, int] = {}
 
 
 def get_spark(
     overrides: dict[str, str] | None = None,
     app_name: str = DEFAULT_APP_NAME,
     settings: Settings | None = None,
+    *,
+    session: str | None = None,
 ) -> SparkSession:
-    """Return the process's Delta-enabled Spark session, creating it on first call.
+    """Return a Delta-enabled Spark session (see the module doc for the two modes).
 
-    JVM-level settings (master, memory, JARs) apply only when the session is
-    created; session-level SQL settings in ``overrides`` apply to an existing one.
+    JVM-level settings (master, memory, JARs) apply only when a JVM starts; session-level
+    SQL settings in ``overrides`` apply to an existing session too. ``session`` names a
+    shared server-side session (Spark Connect only; ignored in-process, where the
+    process has one session).
     """
+    settings = settings or get_settings()
+    if settings.spark_remote:
+        return _connect(settings, session, overrides or {})
+    return _classic(settings, overrides or {}, app_name)
+
+
+def _classic(settings: Settings, overrides: dict[str, str], app_name: str) -> SparkSession:
     from pyspark.sql import SparkSession
 
-    settings = settings or get_settings()
     active = SparkSession.getActiveSession()
     if active is not None:
-        for k, v in (overrides or {}).items():
-            if k.startswith("spark.sql.") and not k.startswith("spark.sql.extensions"):
-                active.conf.set(k, str(v))
+        _set_sql_conf(active, overrides)
         return active
     check_java()
     conf = build_conf(settings, overrides)
     settings.ensure_local_dirs()
-    _prepare_python_env(settings)
+    os.environ.update(python_env(settings))
     builder = SparkSession.builder.appName(app_name)
     for k, v in conf.items():
         builder = builder.config(k, v)
@@ -127,8 +93,104 @@ def get_spark(
     return spark
 
 
+def _set_sql_conf(spark: SparkSession, overrides: dict[str, str]) -> None:
+    for k, v in overrides.items():
+        if k.startswith("spark.sql.") and not k.startswith("spark.sql.extensions"):
+            spark.conf.set(k, str(v))
+
+
+def session_id_for(settings: Settings, name: str) -> str:
+    """The stable server-side session id of session ``name`` on this lake."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"lakecast:{settings.lake_root}:{name}"))
+
+
+def _server_url(settings: Settings) -> str:
+    if settings.spark_remote == "server":
+        from lakecast.server import ensure_server
+
+        return ensure_server(settings).url
+    return settings.spark_remote.rstrip("/")
+
+
+def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) -> SparkSession:
+    url = _server_url(settings)
+    sid = session_id_for(settings, name) if name else str(uuid.uuid4())
+    cached = _SESSIONS.get((url, sid))
+    if cached is not None:
+        _activate(cached)
+        _set_sql_conf(cached, overrides)
+        return cached
+    host, _, port = url.removeprefix("sc://").partition(":")
+    fix = ("start it with `lakecast server start` (or set LAKECAST_SPARK_REMOTE=server to "
+           "start it on demand, or unset LAKECAST_SPARK_REMOTE to run Spark in-process)")
+    try:
+        with socket.create_connection((host, int(port or 15002)), timeout=3):
+            pass
+    except OSError as e:
+        raise ServerUnavailableError(
+            f"no Spark Connect server answers at {url} ({e.strerror or e}): {fix}") from None
+    # PySpark picks its Spark Connect implementations by this variable: from now on
+    # this process is a Spark Connect client
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    spark = ConnectSession.builder.remote(f"{url}/;session_id={sid}").create()
+    try:
+        spark.conf.get("spark.sql.session.timeZone")
+    except Exception as e:
+        raise ServerUnavailableError(f"the Spark Connect server at {url} did not answer: "
+                                     f"{str(e).splitlines()[0]}; {fix}") from None
+    _set_sql_conf(spark, overrides)
+    _SESSIONS[(url, sid)] = spark
+    if not name:  # a session of this process only: release it on exit
+        atexit.register(_release, spark)
+    return spark
+
+
+def _release(spark: SparkSession) -> None:
+    with contextlib.suppress(Exception):  # the server may be gone already
+        spark.stop()
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _activate(spark: SparkSession) -> None:
+    """Make ``spark`` this thread's active Spark Connect session.
+
+    PySpark 4 builds the result of ``localCheckpoint()`` on the *active* session; a
+    process holding several Connect sessions must activate the frame's own first.
+    """
+    setter = getattr(type(spark), "_set_default_and_active_session", None)
+    if setter is not None:
+        setter(spark)
+
+
+def local_checkpoint(frame: DataFrame) -> DataFrame:
+    """``frame.localCheckpoint()`` in either mode (materialized once, lineage cut)."""
+    if is_connect(frame.sparkSession):
+        _activate(frame.sparkSession)
+    return frame.localCheckpoint()
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Spark's default parallelism (tasks of a parallelized scan) in either mode."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    key = str(getattr(spark, "session_id", id(spark)))
+    if key not in _PARALLELISM:
+        from pyspark.sql import functions as F
+
+        row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id())).first()
+        _PARALLELISM[key] = int(row[0]) + 1 if row and row[0] is not None else 1
+    return _PARALLELISM[key]
+
+
 def delta_jar_location(spark: SparkSession) -> str:
-    """Where the JVM loaded Delta's session extension class from (a file URL)."""
+    """Where the JVM loaded Delta's session extension class from (a file URL; in-process
+    sessions only)."""
     jvm = spark.sparkContext._jvm
     loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
     cls = loader.loadClass("io.delta.sql.DeltaSparkSessionExtension")

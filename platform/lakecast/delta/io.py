@@ -9,6 +9,7 @@ poll cheaply) and are re-exported here.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 T = TypeVar("T")
+
+
+def table_ref(path: str) -> str:
+    """The SQL name of the Delta table at ``path`` (Delta SQL runs in both Spark modes,
+    classic and Spark Connect, without Delta's Python ``DeltaTable`` API)."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
+def _temp_view(df: DataFrame) -> str:
+    name = f"lakecast_src_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(name)
+    return name
 
 
 def read(
@@ -122,8 +135,6 @@ def merge_upsert(
     version is committed (an empty MERGE would otherwise wake every sensor and
     broadcast an empty element).
     """
-    from delta.tables import DeltaTable
-
     if not keys:
         raise DeltaIOError("merge_upsert needs at least one key column")
     current = latest_version(path, spark)
@@ -144,16 +155,16 @@ def merge_upsert(
     differs = f"({missing_t}) OR ({missing_s}) OR ({changed})"
     if probe.where(differs).limit(1).count() == 0:
         return MergeResult(current, 0, 0, 0)
-    merge = (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(source.alias("s"), on)
-        .whenMatchedUpdateAll(condition=changed)
-        .whenNotMatchedInsertAll()
-    )
+    clauses = [f"WHEN MATCHED AND ({changed}) THEN UPDATE SET *",
+               "WHEN NOT MATCHED THEN INSERT *"]
     if delete_missing:
-        merge = merge.whenNotMatchedBySourceDelete()
-    merge.execute()
+        clauses.append("WHEN NOT MATCHED BY SOURCE THEN DELETE")
+    view = _temp_view(source)
+    try:
+        spark.sql(f"MERGE INTO {table_ref(path)} AS t USING {view} AS s ON {on} "
+                  + " ".join(clauses))
+    finally:
+        spark.catalog.dropTempView(view)
     version = latest_version(path, spark)
     assert version is not None
     if version == current:  # nothing committed
@@ -169,16 +180,13 @@ def merge_upsert(
 
 def history(spark: SparkSession, path: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The table's history, newest first, as plain dicts."""
-    from delta.tables import DeltaTable
-
-    dt = DeltaTable.forPath(spark, path)
-    df = dt.history(limit) if limit else dt.history()
-    return [r.asDict(recursive=True) for r in df.collect()]
+    sql = f"DESCRIBE HISTORY {table_ref(path)}" + (f" LIMIT {int(limit)}" if limit else "")
+    return [r.asDict(recursive=True) for r in spark.sql(sql).collect()]
 
 
 def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     """The table's properties (e.g. ``delta.enableChangeDataFeed``)."""
-    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0]
+    row = spark.sql(f"DESCRIBE DETAIL {table_ref(path)}").collect()[0]
     return dict(row["properties"] or {})
 
 
@@ -226,9 +234,7 @@ def retry_on_conflict(fn: Callable[[], T], attempts: int = 5, backoff_s: float =
 def delete(spark: SparkSession, path: str, predicate: str) -> int:
     """Delete the rows matching ``predicate`` (one atomic commit); returns the version now
     current (unchanged when nothing matched)."""
-    from delta.tables import DeltaTable
-
-    DeltaTable.forPath(spark, path).delete(predicate)
+    spark.sql(f"DELETE FROM {table_ref(path)} WHERE {predicate}")
     version = latest_version(path, spark)
     assert version is not None
     return version
@@ -236,9 +242,7 @@ def delete(spark: SparkSession, path: str, predicate: str) -> int:
 
 def restore_version(spark: SparkSession, path: str, version: int) -> int:
     """Delta ``RESTORE`` the table to ``version`` (a new commit; history is kept)."""
-    from delta.tables import DeltaTable
-
-    DeltaTable.forPath(spark, path).restoreToVersion(version)
+    spark.sql(f"RESTORE TABLE {table_ref(path)} TO VERSION AS OF {int(version)}")
     current = latest_version(path, spark)
     assert current is not None
     return current
@@ -252,7 +256,6 @@ def merge_keyed_state(
     so a MERGE touching few keys does not rewrite whole files, and without a change
     feed) when it does not exist.
     Re-applying the same changes gives the same table (idempotent)."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     if latest_version(path, spark) is None:  # one commit, with its properties
@@ -263,11 +266,15 @@ def merge_keyed_state(
          .create())
     else:
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-        (DeltaTable.forPath(spark, path).alias("t").merge(changes.alias("s"), on)
-         .whenMatchedDelete(condition=f"s.`{state_column}` IS NULL")
-         .whenMatchedUpdateAll()
-         .whenNotMatchedInsertAll(condition=f"s.`{state_column}` IS NOT NULL")
-         .execute())
+        view = _temp_view(changes)
+        try:
+            spark.sql(
+                f"MERGE INTO {table_ref(path)} AS t USING {view} AS s ON {on} "
+                f"WHEN MATCHED AND s.`{state_column}` IS NULL THEN DELETE "
+                f"WHEN MATCHED THEN UPDATE SET * "
+                f"WHEN NOT MATCHED AND s.`{state_column}` IS NOT NULL THEN INSERT *")
+        finally:
+            spark.catalog.dropTempView(view)
     version = latest_version(path, spark)
     assert version is not None
     return version
@@ -280,5 +287,5 @@ __all__ = [
     "TableFiles", "commit_info", "delete", "history", "is_conflict", "latest_version",
     "merge_keyed_state", "merge_upsert", "read", "read_changes", "read_changes_from_log",
     "replace_where", "restore_version", "retry_on_conflict", "table_exists", "table_files",
-    "table_properties", "txn_versions", "write",
+    "table_properties", "table_ref", "txn_versions", "write",
 ]

@@ -5,7 +5,9 @@
 
 1. **refreshes**: reads new Delta versions of the broadcast tables as ordered
    :class:`~lakecast.api.element.BroadcastElement` s (CDF increments) and ships them as ONE
-   Spark broadcast variable per increment. The increments form a *chain*
+   Spark broadcast variable per increment (in-process Spark) or inside the task closure
+   (Spark Connect, which has no broadcast variables; a cold base is a Delta file list
+   that each task reads itself, so the closure stays small). The increments form a *chain*
    ``base -> v1 -> v2 ...`` whose links are named by state versions (the vector of
    applied Delta versions ``{table: version}``);
 2. runs the function over the events with ``mapInArrow``: no shuffle, no lookups
@@ -57,6 +59,7 @@ from lakecast.runtime.metrics import (
     check_budget,
 )
 from lakecast.runtime.tasks import ChainLink, TaskPlan, run_task
+from lakecast.spark import default_parallelism, is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -210,7 +213,12 @@ class BroadcastRuntime:
         self.timestamp_column = timestamp_column
         self.state_budget_bytes = state_budget_bytes
         self.max_chain = max_chain
-        self.function_id = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
+        # the worker cache's key: a given id is stable across processes (warm state
+        # survives a new driver on the same Spark Connect session), qualified by the
+        # tables read and the function's code so no other pipeline or code can match it
+        self.function_id = (f"{function_id}@{function_identity(function, self.tables)}"
+                            if function_id else
+                            f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}")
         self.version: dict[str, int] = {}
         self._chain: list[ChainLink] = []
         self._schemas: dict[str, pa.Schema] = {}
@@ -253,12 +261,24 @@ class BroadcastRuntime:
                 schema = schema.remove(schema.get_field_index(CHANGE_TYPE))
             self._schemas[e.table] = schema
 
+    def ship(self, elements: list[BroadcastElement]) -> Any:
+        """How ``elements`` travel to the tasks: one Spark broadcast variable in-process,
+        the list itself (in the task closure) over Spark Connect."""
+        if is_connect(self.spark):
+            return list(elements)
+        return self.spark.sparkContext.broadcast(elements)
+
+    @staticmethod
+    def release(link: ChainLink) -> None:
+        """Free what :meth:`ship` allocated for ``link``."""
+        if not isinstance(link.broadcast, list):
+            link.broadcast.unpersist()
+
     def link(self, elements: list[BroadcastElement], version: dict[str, int]) -> ChainLink:
-        """A chain link shipping ``elements`` (one Spark broadcast), ending at ``version``."""
+        """A chain link shipping ``elements`` (see :meth:`ship`), ending at ``version``."""
         self.remember_schemas(elements)
-        bc = self.spark.sparkContext.broadcast(elements)
         return ChainLink(
-            version_json(version), dict(version), bc, len(elements),
+            version_json(version), dict(version), self.ship(elements), len(elements),
             sum(e.num_rows for e in elements), sum(e.nbytes for e in elements),
         )
 
@@ -302,8 +322,7 @@ class BroadcastRuntime:
         link = self.link(elements, self.version)
         self._chain, self._base_bytes = [link], link.nbytes
         for o in old:
-            if not isinstance(o.broadcast, list):
-                o.broadcast.unpersist()
+            self.release(o)
 
     # -- running ---------------------------------------------------------------------
     def plan(self, input_schema: pa.Schema, watermark: int | None = None) -> TaskPlan:
@@ -350,7 +369,7 @@ class BroadcastRuntime:
         task_layout = replace(layout, lineage=False)
         plan = replace(plan, layout=task_layout)
         if self._parallelism is None:  # estimate; tasks report the real one
-            self._parallelism = self.spark.sparkContext.defaultParallelism
+            self._parallelism = default_parallelism(self.spark)
         parallelism = self._parallelism
         if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
             warnings.warn(
@@ -390,9 +409,21 @@ class BroadcastRuntime:
     def close(self) -> None:
         """Release the broadcast variables of the chain."""
         for link in self._chain:
-            if not isinstance(link.broadcast, list):
-                link.broadcast.unpersist()
+            self.release(link)
         self._chain = []
+
+
+def function_identity(function: object, tables: Mapping[str, str]) -> str:
+    """A digest of ``function``'s class source and the broadcast tables' paths."""
+    import hashlib
+    import inspect
+
+    try:
+        source = inspect.getsource(type(function))
+    except (OSError, TypeError):  # defined interactively: its name must do
+        source = type(function).__qualname__
+    text = source + "\n" + "\n".join(f"{k}={v}" for k, v in sorted(tables.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 ArrowMapFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]

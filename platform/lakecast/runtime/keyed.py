@@ -73,6 +73,7 @@ from lakecast.runtime.metrics import (
     check_budget,
 )
 from lakecast.runtime.tasks import ChainLink, TaskPlan
+from lakecast.spark import default_parallelism
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -230,8 +231,7 @@ class KeyedBroadcastRuntime:
             self._chain.append(self.broadcast.link(new, target))
         else:  # first batch, a rewind, or a long chain: a new base at ``target``
             for link in self._chain:
-                if not isinstance(link.broadcast, list):
-                    link.broadcast.unpersist()
+                self.broadcast.release(link)
             tables = {t: p for t, p in self.tables.items() if t in target}
             base = read_broadcast_elements(self.spark, tables, {}, target) if tables else []
             self._chain = [self.broadcast.link(base, target)] if base else []
@@ -272,7 +272,7 @@ class KeyedBroadcastRuntime:
         self._chain_to(prev)
         new = read_broadcast_elements(self.spark, self.tables, prev, target) \
             if target != prev else []
-        new_bc: Any = self.spark.sparkContext.broadcast(new) if new else []
+        new_bc: Any = self.broadcast.ship(new) if new else []
         self.broadcast.remember_schemas(new)  # table schemas for bind_tables
 
         # watermark: max(previous, max event time - delay)
@@ -325,7 +325,7 @@ class KeyedBroadcastRuntime:
                                            watermark, proc_time))
         union = frames[0] if len(frames) == 1 else frames[0].unionByName(
             frames[1], allowMissingColumns=True)
-        p = self.parallelism or self.spark.sparkContext.defaultParallelism
+        p = self.parallelism or default_parallelism(self.spark)
         order = [KIND, GROUP, KEY] + ([tcol] if tcol else []) + list(self.order_columns)
         shuffled = union.repartition(p, GROUP).sortWithinPartitions(*order)
         spark_schema = from_arrow_schema(layout.schema, prefer_timestamp_ntz=False)
@@ -408,8 +408,7 @@ class KeyedBroadcastRuntime:
 
     def close(self) -> None:
         for link in self._chain:
-            if not isinstance(link.broadcast, list):
-                link.broadcast.unpersist()
+            self.broadcast.release(link)
         self._chain = []
         self.broadcast.close()
 

@@ -49,6 +49,7 @@ from lakecast.snapshots.store import (
     now_ms,
 )
 from lakecast.snapshots.tasks import ENTRY_ARROW, MANIFEST_SCHEMA, content_task, manifest_task
+from lakecast.spark import default_parallelism
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -178,7 +179,7 @@ class SnapshottingRuntime(BroadcastRuntime):
 
     @property
     def task_parallelism(self) -> int:
-        return self.parallelism or self.spark.sparkContext.defaultParallelism
+        return self.parallelism or default_parallelism(self.spark)
 
     # -- restore -----------------------------------------------------------------------
     def request_restore(self, checkpoint_id: int) -> None:

@@ -39,10 +39,13 @@ def _serialized(plan: TaskPlan) -> tuple[dict[str, SerializedState], str]:
 
 
 def _task_index(batches: Iterator[pa.RecordBatch]) -> int | None:
+    """The task's index (first value of its input). Reads the input to the end: a Python
+    worker that leaves input unread is not reused, and its task-local state would die."""
+    task = None
     for b in batches:
-        if b.num_rows:
-            return int(b.column(0)[0].as_py())
-    return None
+        if task is None and b.num_rows:
+            task = int(b.column(0)[0].as_py())
+    return task
 
 
 def manifest_task(plan: TaskPlan) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -8,6 +8,7 @@
     lakecast flag list
     lakecast versions                                      # newest Delta version per table
     lakecast snapshots list | show ID | diff A B | restore ID   # broadcast state checkpoints
+    lakecast server start | stop | status                  # the Lakecast Spark server
 
 Paths come from :mod:`lakecast.config` (``LAKECAST_LAKE_ROOT`` etc.).
 """
@@ -94,6 +95,25 @@ def cmd_versions(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    from lakecast.server import Server
+
+    server = Server.from_settings()
+    if args.action == "start":
+        running = server.pid() is not None
+        print(f"{'already running' if running else 'starting'}: Lakecast Spark server on "
+              f"{server.url} (log {server.log_file})", flush=True)
+        server.start()
+        print(f"serving on {server.url} (pid {server.pid()}); attach with "
+              f"LAKECAST_SPARK_REMOTE={server.url}")
+    elif args.action == "stop":
+        print("stopped" if server.stop() else f"not running ({server.url})")
+    else:
+        print(server.status())
+        return 0 if server.pid() is not None else 3
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakecast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_flag)
     v = sub.add_parser("versions", help="newest Delta version of every table in the lake")
     v.set_defaults(fn=cmd_versions)
+    srv = sub.add_parser("server", help="the Lakecast Spark server (Spark Connect + Delta, "
+                                        "127.0.0.1): start, stop, status")
+    srv.add_argument("action", choices=["start", "stop", "status"])
+    srv.set_defaults(fn=cmd_server)
     from lakecast.tools.snapshot_cli import add_parser as add_snapshots
 
     add_snapshots(sub)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
+from lakecast.spark import local_checkpoint
 from lakecast.tables import EVENTS, RAW_PRODUCTS, RAW_USERS
 
 if TYPE_CHECKING:
@@ -400,10 +401,10 @@ def _refresh_table(
     raw = delta_io.read(spark, path)
     # Rows are chosen by content, so an exact duplicate is chosen with its twin.
     u = _u(seed, f"refresh_{key}", F.to_json(F.struct(*raw.columns)))
-    marked = raw.withColumn(
+    marked = local_checkpoint(raw.withColumn(
         "_op",
         F.when(u < fraction * 0.8, "update").when(u < fraction, "delete").otherwise("keep"),
-    ).localCheckpoint()
+    ))
     counts = {r["_op"]: r["count"] for r in marked.groupBy("_op").count().collect()}
     changed = marked.filter("_op != 'delete'").select(
         *[

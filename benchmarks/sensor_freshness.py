@@ -1,0 +1,214 @@
+"""Freshness through the real sensor path, on the Lakecast Spark server (issue 14's targets).
+
+``python -m benchmarks.sensor_freshness [--commits 10] [--every 30] [--events 1300]``
+
+1. builds a demo lake (scale ``--scale``) through the batch assets, over a Lakecast
+   Spark server (``lakecast.server``; started if none runs);
+2. runs one catch-up micro-batch, then starts ``dagster dev`` (webserver + daemon, the
+   ``broadcast_versions_sensor`` every ``LAKECAST_SENSOR_INTERVAL_SECONDS`` = 15 s), each run
+   a process of its own attached to the server;
+3. appends ``--commits`` events commits of ~``--events`` events, ``--every`` seconds apart,
+   then one broadcast-only change (a feature flag: a run that finds no new events);
+4. reports, from the Delta logs and the Dagster instance:
+
+   - events commit -> first ``enriched_events`` commit holding those events: p50, max;
+   - run time (Dagster's start -> end) of the run that found nothing new;
+   - cold tasks in each run's first batch, and the gap since the previous run ended.
+
+Everything listens on 127.0.0.1. Run it alone on the machine (through spark-lock).
+JSON goes to ``benchmarks/results/sensor_freshness.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lakecast.config import PROJECT_ROOT, get_settings
+
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+
+
+def _env(root: Path, url: str, interval: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LAKECAST_LAKE_ROOT": str(root / "lake"),
+        "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
+        "DAGSTER_HOME": str(root / "dagster_home"),
+        "LAKECAST_SPARK_REMOTE": url,
+        "LAKECAST_SENSOR_INTERVAL_SECONDS": str(interval),
+    }
+
+
+def build_lake(scale: float) -> None:
+    """The demo's batch half (raw -> dims -> segments) on this process's settings."""
+    from jobs.demo import (
+        dagster_instance,
+        generate_raw,
+        materialize_dimensions,
+        materialize_segments,
+    )
+    from lakecast.spark import get_spark
+    from lakecast.tools import datagen, flags
+
+    settings = get_settings()
+    spec = datagen.GenSpec(scale=scale, seed=datagen.DEFAULT_SEED)
+    instance = dagster_instance(settings)
+    generate_raw(settings, spec)
+    materialize_dimensions(instance)
+    materialize_segments(instance, spec.day_keys[0], spec.day_keys[-1])
+    flags.set_flag(get_spark(settings=settings), settings.table_path("feature_flags"),
+                   "vip_discount", "10")
+
+
+def _commit_ms(path: str, version: int) -> int:
+    from lakecast.delta import io as delta_io
+
+    return delta_io.commit_info(path, version).timestamp_ms
+
+
+def _wait_for_batch(settings, events_version: int, timeout: float) -> int | None:
+    """Poll the progress log until a committed batch covers ``events_version``; return
+    the commit time (ms) of that batch's ``enriched_events`` version."""
+    from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
+    from lakecast.pipeline.progress import ProgressLog
+    from lakecast.spark import get_spark
+
+    spark = get_spark(settings=settings)
+    log = ProgressLog(spark, f"{settings.checkpoint_root}/{ENRICHMENT.name}/progress",
+                      ENRICHMENT.name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        plans, commits = log.state()
+        by_id = {p.batch_id: p for p in plans}
+        for c in sorted(commits, key=lambda c: c.batch_id):
+            p = by_id.get(c.batch_id)
+            if p is not None and p.events_end >= events_version:
+                v = c.output_versions.get(ENRICHED_EVENTS)
+                if v is not None and v >= 0:
+                    return _commit_ms(settings.table_path(ENRICHED_EVENTS), v)
+        time.sleep(0.5)
+    return None
+
+
+def run_records(dagster_home: str) -> list[dict]:
+    """Runs of enrichment_microbatch: start, end, status and first-batch cold tasks."""
+    from dagster import AssetKey, DagsterInstance, RunsFilter
+
+    os.environ["DAGSTER_HOME"] = dagster_home
+    instance = DagsterInstance.get()
+    records = instance.get_run_records(RunsFilter(job_name="enrichment_microbatch"))
+    cold: dict[str, int] = {}
+    for ev in instance.fetch_materializations(AssetKey("enriched_events"), limit=1000).records:
+        meta = ev.asset_materialization.metadata if ev.asset_materialization else {}
+        if "first_batch_cold_tasks" in meta:
+            cold[ev.run_id] = int(meta["first_batch_cold_tasks"].value)
+    out = []
+    for r in sorted(records, key=lambda r: r.start_time or 0):
+        out.append({"run_id": r.dagster_run.run_id, "status": r.dagster_run.status.value,
+                    "start": r.start_time, "end": r.end_time,
+                    "seconds": (r.end_time - r.start_time) if r.start_time and r.end_time
+                    else None, "first_batch_cold_tasks": cold.get(r.dagster_run.run_id)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=10)
+    parser.add_argument("--every", type=float, default=30.0)
+    parser.add_argument("--events", type=int, default=1300)
+    parser.add_argument("--scale", type=float, default=0.5)
+    parser.add_argument("--interval", type=int, default=15, help="sensor interval (s)")
+    parser.add_argument("--port", type=int, default=3333, help="dagster webserver port")
+    parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "freshness"))
+    args = parser.parse_args(argv)
+
+    from lakecast.server import ensure_server
+
+    root = Path(args.root)
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "dagster_home").mkdir(parents=True)
+    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
+                root / "dagster_home" / "dagster.yaml")
+    server = ensure_server()
+    env = _env(root, server.url, args.interval)
+    os.environ.update(env)
+    settings = get_settings()
+    t0 = time.monotonic()
+    build_lake(args.scale)
+    print(f"lake built in {time.monotonic() - t0:.0f}s", flush=True)
+    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+                   check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
+    print("catch-up batch done; starting dagster dev", flush=True)
+
+    log = open(root / "dagster_dev.log", "w")  # noqa: SIM115 - closed below
+    dev = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1",
+         "-p", str(args.port), "-w", str(PROJECT_ROOT / "workspace.yaml")],
+        cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    from lakecast.spark import get_spark
+    from lakecast.tables import EVENTS
+    from lakecast.tools import datagen, flags
+
+    latencies: list[float] = []
+    try:
+        time.sleep(max(20.0, args.interval + 5))  # the daemon's first sensor tick
+        spark = get_spark(settings=settings)
+        events_path = settings.table_path(EVENTS)
+        for i in range(args.commits):
+            t_next = time.monotonic() + args.every
+            res = datagen.append_events(spark, settings, args.events, seed=5000 + i)
+            committed = _commit_ms(events_path, res.version)
+            done = _wait_for_batch(settings, res.version, timeout=max(args.every, 120))
+            lat = None if done is None else (done - committed) / 1000
+            print(f"commit {i + 1}/{args.commits}: events v{res.version} ({res.rows} events) "
+                  f"-> enriched after {lat if lat is None else round(lat, 2)} s", flush=True)
+            if lat is not None:
+                latencies.append(lat)
+            time.sleep(max(0.0, t_next - time.monotonic()))
+        flags.set_flag(spark, settings.table_path("feature_flags"), "vip_discount", "12")
+        time.sleep(args.interval * 2 + 15)  # the broadcast-only change's run
+    finally:
+        os.killpg(dev.pid, signal.SIGTERM)
+        try:
+            dev.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(dev.pid, signal.SIGKILL)
+        log.close()
+    runs = run_records(str(root / "dagster_home"))
+    noop = [r for r in runs if r["first_batch_cold_tasks"] is None and r["seconds"]]
+    gaps = [None] + [round(b["start"] - a["end"], 1) if a["end"] and b["start"] else None
+                     for a, b in itertools.pairwise(runs)]
+    for r, g in zip(runs, gaps, strict=True):
+        r["gap_since_previous_s"] = g
+    result = {
+        "commits": args.commits, "every_s": args.every, "sensor_interval_s": args.interval,
+        "latencies_s": [round(x, 2) for x in latencies],
+        "p50_s": round(statistics.median(latencies), 2) if latencies else None,
+        "max_s": round(max(latencies), 2) if latencies else None,
+        "noop_run_seconds": [round(r["seconds"], 2) for r in noop],
+        "runs": runs,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sensor_freshness.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    print(f"{'run':10} {'status':9} {'seconds':>8} {'gap':>6} {'cold':>5}")
+    for r in runs:
+        gap, cold = r["gap_since_previous_s"], r["first_batch_cold_tasks"]
+        print(f"{r['run_id'][:8]:10} {r['status']:9} {r['seconds'] or 0:8.2f} "
+              f"{'-' if gap is None else gap:>6} {'-' if cold is None else cold:>5}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

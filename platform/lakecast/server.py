@@ -1,0 +1,227 @@
+"""The Lakecast Spark server: one long-lived Spark Connect server with Delta configured.
+
+Dagster runs, the CLI and tests attach to it as Spark Connect clients, so consecutive
+runs of a pipeline share one server-side session and its Python workers: the task-local
+broadcast state stays warm between runs (see ``docs/architecture.md``, "Spark modes").
+
+::
+
+    lakecast server start | stop | status
+
+The server is pyspark's own ``SparkConnectServer`` class started with ``spark-submit``
+from the installed ``pyspark`` package (no download), with the configuration of
+:func:`lakecast.spark_conf.build_conf` (Delta's session extension, the local JARs, the
+master: ``local[*]`` or ``LAKECAST_SPARK_MASTER``). It binds to 127.0.0.1 unless
+``LAKECAST_SERVER_HOST`` says otherwise; its log and pid live in ``var/server/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lakecast.config import Settings, get_settings
+from lakecast.errors import SetupError
+from lakecast.spark_conf import build_conf, check_java, python_env
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DEFAULT_PORT = 15002
+
+#: server-only settings (sessions are kept until the server stops: a pipeline's session
+#: must outlive the gap between two Dagster runs)
+SERVER_CONF = {
+    "spark.connect.session.manager.defaultSessionTimeout": "-1",
+}
+
+
+class ServerError(SetupError):
+    """The Lakecast Spark server could not be started, stopped or reached."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """The Lakecast Spark server of a project (``var/server/``)."""
+
+    settings: Settings
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Server:
+        settings = settings or get_settings()
+        host = os.environ.get("LAKECAST_SERVER_HOST", "127.0.0.1")
+        port = int(os.environ.get("LAKECAST_SERVER_PORT", str(DEFAULT_PORT)))
+        return cls(settings, host, port)
+
+    @property
+    def url(self) -> str:
+        """The ``sc://`` URL clients connect to."""
+        return f"sc://{self.host}:{self.port}"
+
+    @property
+    def folder(self) -> Path:
+        return self.settings.project_root / "var" / "server"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.folder / f"server-{self.port}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / f"server-{self.port}.log"
+
+    # -- state ---------------------------------------------------------------------
+    def pid(self) -> int | None:
+        """The server's pid when its process is alive (a zombie counts as dead)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:  # reap it if it is our own dead child
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return None
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return pid
+        return None if state in ("Z", "X") else pid
+
+    def listening(self, timeout: float = 0.5) -> bool:
+        """Whether something accepts connections on the server's port."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    def status(self) -> str:
+        pid = self.pid()
+        if pid is None:
+            return f"not running ({self.url}); start it with `lakecast server start`"
+        state = "serving" if self.listening() else "starting"
+        return f"{state} on {self.url} (pid {pid}, log {self.log_file})"
+
+    # -- start / stop --------------------------------------------------------------
+    def command(self) -> list[str]:
+        """The ``spark-submit`` command line that runs the server."""
+        import pyspark
+
+        spark_home = Path(pyspark.__file__).parent
+        conf = build_conf(self.settings, {
+            **SERVER_CONF,
+            "spark.connect.grpc.binding.address": self.host,
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.app.name": "lakecast-server",
+        })
+        driver_mem = conf.pop("spark.driver.memory", None)
+        cmd = [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS]
+        if driver_mem:
+            cmd += ["--driver-memory", driver_mem]
+        for k, v in sorted(conf.items()):
+            cmd += ["--conf", f"{k}={v}"]
+        return [*cmd, "spark-internal"]
+
+    def env(self) -> dict[str, str]:
+        """The server's environment: Java, Python workers on this interpreter with the
+        project on their path, and loopback addresses."""
+        import pyspark
+
+        env = dict(os.environ)
+        env.update(python_env(self.settings))
+        env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        env.pop("SPARK_REMOTE", None)
+        return env
+
+    def start(self, timeout: float = 120.0) -> str:
+        """Start the server unless it runs; wait until it serves. Returns its URL."""
+        if self.pid() is not None:
+            self.wait_ready(timeout)
+            return self.url
+        check_java()
+        deadline = time.monotonic() + 15  # a killed JVM may hold its port for a moment
+        while self.listening() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.listening():
+            raise ServerError(
+                f"port {self.port} on {self.host} is taken by another process; stop it or set "
+                f"LAKECAST_SERVER_PORT to a free port")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.settings.ensure_local_dirs()
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(
+                self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                cwd=str(self.settings.project_root))
+        self.pid_file.write_text(str(proc.pid))
+        self.wait_ready(timeout)
+        return self.url
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until the server accepts connections (or fail with its log's tail)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pid() is None:
+                raise ServerError(f"the Lakecast Spark server exited during start-up; "
+                                  f"its log ({self.log_file}) ends with:\n{self.log_tail()}")
+            if self.listening():
+                return
+            time.sleep(0.3)
+        raise ServerError(f"the Lakecast Spark server did not serve {self.url} within "
+                          f"{timeout:.0f} s; its log ({self.log_file}) ends with:\n"
+                          f"{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop the server (SIGTERM, then SIGKILL); True if one was running."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.pid() is not None:
+            _signal_group(pid, signal.SIGKILL)
+            while self.pid() is not None and time.monotonic() < deadline + 10:
+                time.sleep(0.2)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal the server's process group (the JVM and the Python workers it forked)."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def ensure_server(settings: Settings | None = None) -> Server:
+    """The project's server, started when it does not run (the embedded default)."""
+    server = Server.from_settings(settings)
+    server.start()
+    return server

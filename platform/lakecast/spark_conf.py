@@ -1,0 +1,99 @@
+"""What a Spark JVM starts with: its configuration, environment and Java.
+
+Used by the session factory (:mod:`lakecast.spark`, Spark in this process) and by the
+Lakecast Spark server (:mod:`lakecast.server`, Spark Connect). Precedence: built-in
+defaults < ``deploy/spark/spark-defaults.conf`` (or ``LAKECAST_SPARK_CONF_FILE``) <
+``LAKECAST_SPARK_CONF`` < ``LAKECAST_SPARK_MASTER`` < code overrides. Spark starts from
+the local JAR folder only (``spark.jars``; ``spark.jars.packages`` is refused).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from lakecast.config import Settings, parse_spark_defaults
+from lakecast.errors import ConfigError, SetupError
+from lakecast.jars import local_jars
+
+DEFAULT_APP_NAME = "lakecast"
+
+BUILTIN_DEFAULTS: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "6g",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Every Delta table Lakecast creates records its Change Data Feed.
+    "spark.databricks.delta.properties.defaults.enableChangeDataFeed": "true",
+    # loopback only: the driver, its block manager and RPC never bind another address
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+# Settings that must not be overridden: Spark starts from local JARs only.
+_FORBIDDEN = ("spark.jars.packages", "spark.jars.repositories", "spark.jars.ivy")
+
+
+def check_java() -> str:
+    """Path of the ``java`` binary Spark will use, or a :class:`SetupError`."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise SetupError(
+            "Java 17 is required to run Spark and was not found (no JAVA_HOME, no `java` on PATH). "
+            "Install it with `apt-get install -y openjdk-17-jre-headless`, then run `make setup`."
+        )
+    return found
+
+
+def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The full Spark conf for a session, in precedence order (see module doc)."""
+    conf = dict(BUILTIN_DEFAULTS)
+    conf["spark.master"] = "local[*]"
+    if settings.spark_conf_file is not None:
+        conf.update(parse_spark_defaults(settings.spark_conf_file))
+    conf.update(settings.spark_conf)
+    if settings.spark_master:
+        conf["spark.master"] = settings.spark_master
+    conf.update({k: str(v) for k, v in (overrides or {}).items()})
+    bad = [k for k in _FORBIDDEN if k in conf]
+    if bad:
+        raise ConfigError(
+            f"{', '.join(bad)} is not allowed: Lakecast's Spark starts from the local JARs in "
+            f"{settings.jars_dir} and never downloads packages. Add JARs with deploy/maven/pom.xml."
+        )
+    jars = [str(p) for p in local_jars(settings.jars_dir)]
+    extra = [j for j in conf.get("spark.jars", "").split(",") if j]
+    conf["spark.jars"] = ",".join(jars + [j for j in extra if j not in jars])
+    log4j = settings.project_root / "deploy" / "spark" / "log4j2.properties"
+    if log4j.exists() and "-Dlog4j.configurationFile" not in conf.get(
+        "spark.driver.extraJavaOptions", ""
+    ):
+        opts = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = (
+            f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
+        )
+    conf.setdefault("spark.sql.warehouse.dir", str(settings.project_root / "var" / "warehouse"))
+    return conf
+
+
+def python_env(settings: Settings) -> dict[str, str]:
+    """Environment of a Spark JVM: Python workers use this interpreter and can import the
+    project's modules; Spark binds to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
+    roots = [str(settings.project_root), str(settings.project_root / "platform")]
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(roots + [p for p in current if p not in roots]),
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+    }
