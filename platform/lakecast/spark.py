@@ -120,15 +120,11 @@ def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) ->
         _activate(cached)
         _set_sql_conf(cached, overrides)
         return cached
-    host, _, port = url.removeprefix("sc://").partition(":")
     fix = ("start it with `lakecast server start` (or set LAKECAST_SPARK_REMOTE=server to "
            "start it on demand, or unset LAKECAST_SPARK_REMOTE to run Spark in-process)")
-    try:
-        with socket.create_connection((host, int(port or 15002)), timeout=3):
-            pass
-    except OSError as e:
+    if not _answers(url, timeout=3.0):
         raise ServerUnavailableError(
-            f"no Spark Connect server answers at {url} ({e.strerror or e}): {fix}") from None
+            f"no Spark Connect server answers at {url} (connection refused): {fix}")
     # PySpark picks its Spark Connect implementations by this variable: from now on
     # this process is a Spark Connect client
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
@@ -142,14 +138,28 @@ def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) ->
                                      f"{str(e).splitlines()[0]}; {fix}") from None
     _set_sql_conf(spark, overrides)
     _SESSIONS[(url, sid)] = spark
-    if not name:  # a session of this process only: release it on exit
-        atexit.register(_release, spark)
+    # a session of this process only is released on exit; a named one outlives it
+    atexit.register(_on_exit, spark, url, not name)
     return spark
 
 
-def _release(spark: SparkSession) -> None:
-    with contextlib.suppress(Exception):  # the server may be gone already
-        spark.stop()
+def _on_exit(spark: SparkSession, url: str, release: bool) -> None:
+    """At exit: release a process's own session; close the client in any case, so that
+    PySpark's own exit hook sends nothing (it retries for minutes when the server is
+    gone)."""
+    with contextlib.suppress(Exception):
+        if release and _answers(url, timeout=1.0):
+            spark.stop()
+        spark.client.close()
+
+
+def _answers(url: str, timeout: float) -> bool:
+    host, _, port = url.removeprefix("sc://").partition(":")
+    try:
+        with socket.create_connection((host, int(port or 15002)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -183,7 +193,8 @@ def default_parallelism(spark: SparkSession) -> int:
     if key not in _PARALLELISM:
         from pyspark.sql import functions as F
 
-        row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id())).first()
+        row = (spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+               .agg(F.max("p")).first())
         _PARALLELISM[key] = int(row[0]) + 1 if row and row[0] is not None else 1
     return _PARALLELISM[key]
 
