@@ -146,6 +146,8 @@ def enrichment_microbatch_assets(
         totals["last_checkpoint_id"] = last["checkpoint_id"]
         totals["checkpoint_stored_bytes"] = last["stored_bytes"]
         totals["checkpoint_p_x_state_bytes"] = last["p_x_state_bytes"]
+    for check in (r.state_check for r in results if r.state_check):
+        totals.update(check)  # state hashes verified; what a cold start restored / skipped
     for key, count_key in (
         (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
         (ENRICHMENT_REJECTED, "rejected"),

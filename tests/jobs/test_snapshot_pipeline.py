@@ -10,6 +10,7 @@ outputs of A and B are identical: no duplicates, nothing missing.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -88,9 +89,10 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     assert sorted({m.task for m in manifest}) == [0, 1]
     for s in h0.states:  # every task holds the same content, stored once
         assert len({m.content_hash for m in manifest if m.state == s}) == 1
-    counts = store.entry_counts(0)
+    counts = store.entry_counts(0)  # table states: one Arrow IPC chunk (row) per state
+    assert sum(m.n_entries for m in manifest if m.task == 0) == 4 + 4 + 1
     assert sum(c for c, _ in counts.values()) == sum(
-        m.n_entries for m in manifest if m.task == 0) == 4 + 4 + 1
+        m.stored_rows for m in manifest if m.task == 0) == 3
     restored = store.resolve(0, parallelism=2)
     assert restored is not None and restored.assignment == {0: 0, 1: 1}
     prods = restored.contents[DIM_PRODUCTS][1].to_pandas().sort_values("product_id")
@@ -157,3 +159,85 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     assert again.runtime.restored.header.checkpoint_id == 1  # not the abandoned 2
     _assert_same(_outputs(spark, lake_b), want)
     assert again.run() == []
+
+
+# --------------------------------------------------------------------------- damaged files
+def _more_inputs(spark, lake, step: int) -> None:
+    """Steps 3+: a segment change and 12 new events (ids 100 * step ...)."""
+    segs = pd.DataFrame({"user_id": [step % 6 + 1], "segment": ["VIP" if step % 2 else "NEW"]})
+    delta_io.merge_upsert(spark, spark.createDataFrame(segs),
+                          lake.table_path(USER_SEGMENTS), keys=["user_id"])
+    ml.write_events(spark, lake, ml.events(100 * step, 12, seed=step))
+
+
+def _step(spark, lake, step: int) -> None:
+    (_inputs if step < 3 else _more_inputs)(spark, lake, step)
+
+
+def _damage(store_path: str, checkpoint_id: int, how: str) -> list[str]:
+    """Damage the Parquet files of one checkpoint ON DISK: ``middle`` overwrites bytes in
+    the middle of each file, ``delete`` removes one, ``truncate`` cuts one in half."""
+    files = sorted((Path(store_path) / f"checkpoint_id={checkpoint_id}").glob("*.parquet"))
+    assert files, f"checkpoint {checkpoint_id} has no files"
+    if how == "middle":
+        for f in files:
+            n = f.stat().st_size
+            with f.open("r+b") as fh:
+                fh.seek(n // 2)
+                fh.write(b"\xde\xad\xbe\xef" * 8)
+    elif how == "delete":
+        files[-1].unlink()
+    else:
+        with files[0].open("r+b") as fh:
+            fh.truncate(files[0].stat().st_size // 2)
+    return [f.name for f in files]
+
+
+def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(spark, lake, tmp_path):
+    lake_a = get_settings({**os.environ, "LAKECAST_LAKE_ROOT": str(tmp_path / "lake_a"),
+                           "LAKECAST_CHECKPOINT_ROOT": str(tmp_path / "cp_a")})
+    run_a = build_pipeline(spark, lake_a, 1, parallelism=2, checkpoint_every=None,
+                           function_id="dmg-a")
+    store = SnapshotStore(spark, snapshot_path(lake, "enrichment"), "enrichment")
+    b = build_pipeline(spark, lake, 1, parallelism=2, function_id="dmg-b")
+    for step in range(4):  # batches 0..3, a checkpoint after each
+        _step(spark, lake_a, step)
+        _step(spark, lake, step)
+        assert [r.plan.batch_id for r in run_a.run()] == [step]
+        (r,) = b.run()
+        assert r.plan.batch_id == step and r.checkpoint["checkpoint_id"] == step
+        assert r.state_check["state_tasks_verified"] == 2  # hashes compared before commit
+        if step:  # the checkpoint's jobs keep the Python workers: the next batch is warm
+            assert r.cold_tasks == 0, r
+    assert [h.checkpoint_id for h in store.headers()] == [0, 1, 2, 3]
+
+    _damage(store.path, 3, "middle")
+    _damage(store.path, 2, "delete")
+    _damage(store.path, 1, "truncate")
+    _step(spark, lake_a, 4)
+    _step(spark, lake, 4)
+    run_a.run()
+    cold = build_pipeline(spark, lake, 1, parallelism=2, function_id="dmg-b2")
+    (r4,) = cold.run()
+    assert r4.plan.batch_id == 4 and not r4.redone
+    assert cold.runtime.restored.header.checkpoint_id == 0  # newest that reads and verifies
+    skipped = cold.runtime.restore_skipped
+    assert [s.split(" ")[1] for s in skipped] == ["3", "2", "1"], skipped
+    assert all("unreadable" in s or "cannot be read" in s for s in skipped), skipped
+    assert "FILE_NOT_EXIST" in skipped[1] or "does not exist" in skipped[1], skipped
+    assert r4.state_check["restored_from_checkpoint"] == 0
+    assert r4.state_check["skipped_checkpoints"] == 3
+    _assert_same(_outputs(spark, lake), _outputs(spark, lake_a))
+
+    # every checkpoint damaged: the state is rebuilt from the tables, output still exact
+    for cid in store.checkpoint_ids():
+        _damage(store.path, cid, "middle")
+    _step(spark, lake_a, 5)
+    _step(spark, lake, 5)
+    run_a.run()
+    rebuilt = build_pipeline(spark, lake, 1, parallelism=2, function_id="dmg-b3")
+    (r5,) = rebuilt.run()
+    assert r5.plan.batch_id == 5 and rebuilt.runtime.restored is None
+    assert r5.state_check["restored_from_checkpoint"] == -1
+    assert r5.state_check["skipped_checkpoints"] == len(rebuilt.runtime.restore_skipped) >= 5
+    _assert_same(_outputs(spark, lake), _outputs(spark, lake_a))

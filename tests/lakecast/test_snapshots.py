@@ -74,7 +74,8 @@ def test_canonical_form_is_order_independent_and_round_trips():
     t2.put_table(rows.slice(0, 1), replace=True)  # base + overlay, another row order
     t2.put_table(rows.slice(1))
     s1, s2 = serialize_state("rules", t1), serialize_state("rules", t2)
-    assert s1.digest == s2.digest and s1.keys == ["1", "2", "3"]
+    assert s1.digest == s2.digest and s1.keys == ["[1, 3]"]  # one chunk: keys 1..3
+    assert s1.n_entries == 3 and s1.n_rows == 1
     t3 = TableMapState(RULES)
     load_into(t3, "table", deserialize_state("table", s1.values, s1.schema_b64))
     assert t3.to_arrow().sort_by("rule_id").equals(rows.sort_by("rule_id"))
@@ -192,3 +193,35 @@ def test_restore_timestamps_are_parsed_as_utc():
     assert parse_timestamp("1795318800000") == 1795318800000
     with pytest.raises(SnapshotError, match="cannot read timestamp"):
         parse_timestamp("yesterday")
+
+
+def test_divergence_fails_the_batch_before_any_output_is_written(spark, lake):
+    from lakecast.build import broadcast_pipeline
+    from lakecast.pipeline.micro_batch import PipelineSpec
+
+    _rules(spark, lake.table_path("rules"), [(1, 0.1), (2, 0.2), (3, 0.3)])
+    delta_io.write(_events(spark, 4), lake.table_path("nd_events"))
+
+    def pipeline(name, function):
+        spec = PipelineSpec(name=name, events_table="nd_events", broadcast_tables=("rules",),
+                            output_table=f"{name}_out")
+        return broadcast_pipeline(spark, spec, function, table_path=lake.table_path,
+                                  checkpoint_root=lake.checkpoint_root, parallelism=4)
+
+    nd = pipeline("nd", NonDeterministic())
+    with pytest.raises(CheckpointDivergenceError) as err:
+        nd.run()
+    msg = str(err.value)
+    assert "pipeline 'nd' batch 0 failed before commit" in msg, msg
+    assert "broadcast state 'history' differs across tasks" in msg and "tasks [" in msg
+    assert (err.value.pipeline, err.value.batch_id, err.value.state) == ("nd", 0, "history")
+    assert sorted(t for ts in err.value.by_hash.values() for t in ts) == [0, 1, 2, 3]
+    assert delta_io.latest_version(lake.table_path("nd_out")) is None  # no row of it
+    plans, commits = nd.log.state()
+    assert [p.batch_id for p in plans] == [0] and commits == {}  # planned, never committed
+    assert not nd.runtime.store.exists()  # no checkpoint either
+    # the same pipeline with a deterministic function commits the batch
+    ok = pipeline("det", RulesWithHistory())
+    (r,) = ok.run()
+    assert r.counts["enriched"] == 12 and r.state_check["state_tasks_verified"] == 4
+    assert delta_io.read(spark, lake.table_path("det_out")).count() == 12

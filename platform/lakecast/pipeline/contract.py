@@ -7,8 +7,11 @@ task* (at least ``task`` and ``events_in``: the events that task consumed). The 
 reconciles from those rows, the same way for every runtime: events read = events the
 tasks consumed + events rejected by validation.
 
-Around the batch, a runtime gets three hooks:
+Around the batch, a runtime gets four hooks:
 
+* :meth:`BatchRuntime.before_commit` after the outputs are counted and reconciled, before
+  anything of the batch is written (e.g. check that every task holds the same broadcast
+  state); raising fails the batch with nothing written or committed;
 * :meth:`BatchRuntime.commit_state` after the outputs are written and before the batch
   commits (e.g. the keyed runtime MERGEs its state table, versioned with the outputs);
 * :meth:`BatchRuntime.after_commit` after the batch committed (e.g. checkpoint the
@@ -90,6 +93,11 @@ class BatchRuntime(Protocol):
     def process_batch(self, events: DataFrame, plan: BatchPlan) -> BatchOutput:
         """The batch at ``plan.broadcast_versions`` (lazy: nothing runs until an action).
         Must be deterministic for a given plan, so a redo computes the same output."""
+        ...
+
+    def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Check hook, after reconciliation and before any output is written (raise to
+        fail the batch: nothing of it is then visible); returns a summary or ``None``."""
         ...
 
     def commit_state(self, output: BatchOutput) -> None:

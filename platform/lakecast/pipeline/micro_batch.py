@@ -16,7 +16,9 @@ since the last committed batch, as one or more batches:
    :class:`~lakecast.pipeline.contract.BatchRuntime`: task-local state on Spark), in one
    pass that yields the main output, every side output and one accounting row per task;
 5. **reconcile** before writing anything: events in = events the tasks consumed (their
-   accounting rows) + rejected, or the batch fails with nothing written;
+   accounting rows) + rejected, or the batch fails with nothing written; then the
+   runtime's ``before_commit`` check (e.g. every task holds the same broadcast state),
+   which fails the batch with nothing written either;
 6. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
    = (pipeline:output, batch id), so a retry never writes twice;
 7. let the runtime persist state versioned with the outputs (``commit_state``), then
@@ -111,6 +113,8 @@ class BatchResult:
     cold_tasks: int = 0
     #: what the runtime's ``after_commit`` hook did (e.g. the checkpoint it took)
     checkpoint: Mapping[str, Any] | None = None
+    #: what the runtime's ``before_commit`` hook checked (e.g. state hashes, a restore)
+    state_check: Mapping[str, Any] | None = None
 
     @property
     def events_in(self) -> int:
@@ -255,7 +259,9 @@ class MicroBatchPipeline:
                     f"consumed {counts['processed']} and {counts.get('rejected', 0)} were "
                     f"rejected ({counts}); nothing was written or committed"
                 )
-            # counts reconcile: now write, each output idempotently
+            # counts reconcile; the runtime's last check, still before any write
+            state_check = self.runtime.before_commit(result, plan)
+            # now write, each output idempotently
             if rejected is not None:
                 self._write_rejected(rejected, plan)
             self._write(result.main, self.spec.output_table, "main", plan)
@@ -285,6 +291,7 @@ class MicroBatchPipeline:
             parallelism=metrics.parallelism,
             updates_applied=metrics.broadcast_updates_applied,
             cold_tasks=int(summary["cold_tasks"]),
+            state_check=state_check,
         )
         checkpoint = self.runtime.after_commit(plan)
         return replace(batch, checkpoint=checkpoint) if checkpoint else batch

@@ -396,6 +396,10 @@ class BroadcastRuntime:
             events = events.repartition(self.parallelism)
         return self.process(events, until=plan.broadcast_versions)
 
+    def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Nothing to check (see :class:`~lakecast.snapshots.runtime.SnapshottingRuntime`)."""
+        return None
+
     def commit_state(self, output: BatchOutput) -> None:
         """Nothing to persist: broadcast state is rebuilt from Delta versions."""
 

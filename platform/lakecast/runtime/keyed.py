@@ -381,6 +381,10 @@ class KeyedBroadcastRuntime:
         return self.process(events, batch_id=plan.batch_id, processing_time=plan.planned_at_ms,
                             until=plan.broadcast_versions)
 
+    def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Nothing to check before the writes: keyed state is MERGEd in :meth:`commit_state`."""
+        return None
+
     def commit_state(self, output: BatchOutput) -> None:
         """MERGE the batch's keyed state into the state table (see :meth:`commit`)."""
         if not isinstance(output, KeyedResult):

@@ -5,12 +5,12 @@ the current key's state in it, and per-key serialization (:func:`encode_key`,
 
 from __future__ import annotations
 
-import pickle
 import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lakecast.api import typed
 from lakecast.api.descriptors import MapStateDescriptor, StateDeclarationError
 from lakecast.api.keyed_state import (
     AnyDescriptor,
@@ -381,12 +381,17 @@ def encode_key(key: Hashable, entry: KeyEntry) -> bytes:
             states[name] = {to_plain(k): (to_plain(v), t) for k, (v, t) in raw.items()}
         else:
             states[name] = (to_plain(raw[0]), raw[1])
-    return pickle.dumps({"k": key, "s": states, "t": sorted(entry.timers)}, protocol=5)
+    try:
+        return typed.dumps({"k": key, "s": states, "t": sorted(entry.timers)})
+    except TypeError as e:
+        raise TypeError(f"keyed state of key {key!r}: {e} cannot be stored; keyed state "
+                        "holds scalars, str, bytes, dicts, lists, tuples, sets, dates, "
+                        "Decimals or dataclasses") from None
 
 
 def decode_key(blob: bytes, descriptors: Mapping[str, AnyDescriptor]) -> tuple[Hashable, KeyEntry]:
     """Inverse of :func:`encode_key`; states no longer declared are dropped."""
-    data = pickle.loads(blob)
+    data = typed.loads(blob)  # typed JSON: data, never code
     entry = KeyEntry(timers={(d, int(t)) for d, t in data["t"]})
     for name, raw in data["s"].items():
         d = descriptors.get(name)

@@ -5,6 +5,7 @@
 - :mod:`~lakecast.snapshots.tasks`         what a task runs during a checkpoint
 - :mod:`~lakecast.snapshots.runtime`       SnapshottingRuntime: checkpoint and restore hooks
 - :mod:`~lakecast.snapshots.checkpointer`  when to checkpoint, what to keep, restore_checkpoint
+- :mod:`~lakecast.snapshots.listing`       summaries, readable entries, diffs (the CLI)
 - :mod:`~lakecast.snapshots.errors`        SnapshotError and its kinds
 """
 
@@ -13,6 +14,7 @@ from lakecast.snapshots.errors import (
     CheckpointDivergenceError,
     IncompleteCheckpointError,
     SnapshotError,
+    UnreadableCheckpointError,
 )
 from lakecast.snapshots.runtime import SnapshottingRuntime
 from lakecast.snapshots.store import SnapshotStore
@@ -20,5 +22,5 @@ from lakecast.snapshots.store import SnapshotStore
 __all__ = [
     "CheckpointDivergenceError", "CheckpointResult", "Checkpointer",
     "IncompleteCheckpointError", "SnapshotError", "SnapshotStore", "SnapshottingRuntime",
-    "restore_checkpoint",
+    "UnreadableCheckpointError", "restore_checkpoint",
 ]

@@ -1,9 +1,22 @@
 """Canonical serialization of broadcast state (what a checkpoint stores and hashes).
 
-Serialization is canonical, so equal states hash equally on every task: table-shaped
-states are sorted by their key columns and each row is a pickled tuple (the Arrow
-schema is kept in the manifest); dict states are sorted by key, with dicts/sets put in
-a canonical order. ``key`` is JSON for people (``lakecast snapshots show``).
+Checkpoints hold *data*, never code: restoring one never unpickles anything.
+
+* **table states** are sorted by their key columns and stored as Arrow IPC streams of
+  up to :data:`CHUNK_ROWS` rows each (one entry row per chunk). Every chunk is a fresh
+  ``take`` of the sorted table, so its bytes are canonical: equal states give equal
+  bytes on every task, whatever their history (base + overlay, restored, rebuilt).
+* **dict states** are stored one entry per key as typed JSON (:func:`encode_value`):
+  ``(key, value)`` (:mod:`lakecast.api.typed`: mappings and sets in a canonical order,
+  every non-JSON type tagged — tuple, set, bytes, datetime, Decimal...). Dataclass
+  values are stored as their fields (restored as dicts); other objects cannot be
+  checkpointed.
+
+The content hash (SHA-256, :func:`content_digest`) covers the kind, the schema and the
+stored bytes in order; a restore verifies it before decoding anything, and decoding
+accepts only the formats above (:class:`~lakecast.snapshots.errors.UnreadableCheckpointError`
+otherwise). ``key`` is JSON for people (``lakecast snapshots show``): the key of a dict
+entry, the first and last key of a table chunk.
 """
 
 from __future__ import annotations
@@ -11,50 +24,38 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import pickle
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakecast.api import typed
 from lakecast.api.frozen import thaw
 from lakecast.api.state import BroadcastState
 from lakecast.api.table_state import TableMapState
+from lakecast.snapshots.errors import SnapshotError, UnreadableCheckpointError
 
-PICKLE_PROTOCOL = 5
-
-# ============================================================================ canonical form
-def encode_value(value: Any) -> Any:
-    """A canonical, picklable form: mappings and sets sorted, containers tagged."""
-    if value is None or isinstance(value, bool | int | float | str | bytes):
-        return value
-    if isinstance(value, Mapping):
-        items = [(encode_value(k), encode_value(v)) for k, v in value.items()]
-        return ("__d", tuple(sorted(items, key=lambda kv: repr(kv[0]))))
-    if isinstance(value, set | frozenset):
-        return ("__s", tuple(sorted((encode_value(v) for v in value), key=repr)))
-    if isinstance(value, tuple) and not hasattr(value, "append"):
-        return ("__t", tuple(encode_value(v) for v in value))
-    if isinstance(value, list | tuple):  # lists and FrozenLists
-        return ("__l", tuple(encode_value(v) for v in value))
-    return ("__o", value)
+#: the checkpoint format this code writes and reads (older "pickle-v1" ones are skipped)
+FORMAT = "typed-v2"
+LEGACY_FORMAT = "pickle-v1"
+#: rows per stored chunk of a table state
+CHUNK_ROWS = 65_536
 
 
-def decode_value(value: Any) -> Any:
-    if not isinstance(value, tuple):
-        return value
-    tag, body = value
-    if tag == "__d":
-        return {decode_value(k): decode_value(v) for k, v in body}
-    if tag == "__s":
-        return frozenset(decode_value(v) for v in body)
-    if tag == "__t":
-        return tuple(decode_value(v) for v in body)
-    if tag == "__l":
-        return [decode_value(v) for v in body]
-    return body
+# ============================================================================ dict entries
+def entry_bytes(key: Any, value: Any) -> bytes:
+    """The stored bytes of one dict-state entry: canonical typed JSON of ``[key, value]``."""
+    return typed.dumps((key, value))
+
+
+def decode_entry(data: bytes) -> tuple[Any, Any]:
+    """``(key, value)`` of :func:`entry_bytes`; :class:`ValueError` when ``data`` is not one."""
+    pair = typed.loads(data)
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        raise ValueError("not a (key, value) pair")
+    return pair[0], pair[1]
 
 
 def _key_json(key: Any) -> str:
@@ -62,6 +63,7 @@ def _key_json(key: Any) -> str:
                       sort_keys=True)
 
 
+# ============================================================================ Arrow
 def schema_text(schema: pa.Schema) -> str:
     return ";".join(f"{f.name}:{f.type}" for f in schema)
 
@@ -74,13 +76,39 @@ def schema_from_b64(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
 def _plain_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, f.type) for f in schema])
+    return pa.schema([pa.field(f.name, _plain_type(f.type)) for f in schema])
 
 
+def ipc_bytes(table: pa.Table) -> bytes:
+    """One Arrow IPC stream holding ``table``."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def read_chunk(data: bytes, schema: pa.Schema) -> pa.Table:
+    """A table chunk stored by :func:`serialize_state`; :class:`ValueError` when ``data``
+    is not an Arrow IPC stream of ``schema``."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(bytes(data))).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"not an Arrow IPC stream ({e})") from e
+    if table.schema != schema:
+        raise ValueError(f"chunk schema {schema_text(table.schema)} is not the manifest's "
+                         f"{schema_text(schema)}")
+    return table
+
+
+# ============================================================================ states
 @dataclass
 class SerializedState:
-    """One task's state in canonical form: sorted keys/values and their SHA-256."""
+    """One task's state in canonical form: its stored rows (keys/values) and SHA-256."""
 
     name: str
     kind: str  # "table" | "dict"
@@ -89,10 +117,12 @@ class SerializedState:
     digest: str
     schema_b64: str | None = None
     key_columns: tuple[str, ...] = ()
+    n_entries: int = 0  # state entries (rows of a table state, keys of a dict state)
 
     @property
-    def n_entries(self) -> int:
-        return len(self.keys)
+    def n_rows(self) -> int:
+        """Stored entry rows (chunks of a table state, entries of a dict state)."""
+        return len(self.values)
 
     @property
     def nbytes(self) -> int:
@@ -101,7 +131,7 @@ class SerializedState:
 
 def content_digest(kind: str, schema_text: str, keys: Iterable[str],
                    values: Iterable[bytes]) -> str:
-    """SHA-256 of a state's canonical entries, in order (length-prefixed)."""
+    """SHA-256 of a state's stored rows, in order (length-prefixed)."""
     h = hashlib.sha256(f"{kind}\n{schema_text}\n".encode())
     for k, v in zip(keys, values, strict=True):
         kb = k.encode()
@@ -115,52 +145,78 @@ def content_digest(kind: str, schema_text: str, keys: Iterable[str],
 def serialize_state(name: str, state: BroadcastState) -> SerializedState:
     """The canonical serialization of one broadcast state (see the module doc)."""
     if isinstance(state, TableMapState):
-        key_cols = list(state.key_columns)
-        table = state.to_arrow()
-        if state.schema is None or table.num_rows == 0:
-            schema = _plain_schema(state.schema) if state.schema is not None else pa.schema([])
-            return SerializedState(name, "table", [], [], content_digest(
-                "table", schema_text(schema), [], []), schema_to_b64(schema), tuple(key_cols))
-        schema = _plain_schema(table.schema)
-        table = table.cast(schema)
-        order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in key_cols])
-        table = table.take(order)
-        cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
-        rows = list(zip(*cols, strict=True))
-        kidx = [table.schema.get_field_index(c) for c in key_cols]
-        if len(kidx) == 1:
-            keys = [json.dumps(r[kidx[0]], default=str) for r in rows]
-        else:
-            keys = [json.dumps([r[i] for i in kidx], default=str) for r in rows]
-        values = [pickle.dumps(r, protocol=PICKLE_PROTOCOL) for r in rows]
-        digest = content_digest("table", schema_text(schema), keys, values)
-        return SerializedState(name, "table", keys, values, digest, schema_to_b64(schema),
-                               tuple(key_cols))
+        return _serialize_table(name, state)
     pairs = []
     for k, v in state.items():
-        blob = pickle.dumps((encode_value(k), encode_value(v)), protocol=PICKLE_PROTOCOL)
+        try:
+            blob = entry_bytes(k, v)
+        except TypeError as e:
+            raise SnapshotError(
+                f"state {name!r}, key {_key_json(k)}: {e} cannot be checkpointed; store "
+                "scalars, str, bytes, dicts, lists, tuples, sets, dates, Decimals or "
+                "dataclasses (restored as dicts)") from None
         pairs.append((_key_json(k), blob))
     pairs.sort()
     keys = [k for k, _ in pairs]
     values = [v for _, v in pairs]
-    return SerializedState(name, "dict", keys, values, content_digest("dict", "", keys, values))
+    return SerializedState(name, "dict", keys, values, content_digest("dict", "", keys, values),
+                           n_entries=len(keys))
+
+
+def _serialize_table(name: str, state: TableMapState) -> SerializedState:
+    key_cols = list(state.key_columns)
+    table = state.to_arrow()
+    if state.schema is None or table.num_rows == 0:
+        schema = _plain_schema(state.schema) if state.schema is not None else pa.schema([])
+        return SerializedState(name, "table", [], [], content_digest(
+            "table", schema_text(schema), [], []), schema_to_b64(schema), tuple(key_cols))
+    schema = _plain_schema(table.schema)
+    table = table.cast(schema)
+    order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in key_cols])
+    keys, values = [], []
+    for lo in range(0, table.num_rows, CHUNK_ROWS):
+        part = table.take(order.slice(lo, CHUNK_ROWS))  # fresh buffers: canonical bytes
+        ends = part.select(key_cols).take([0, part.num_rows - 1]).to_pylist()
+        keys.append(json.dumps([r[key_cols[0]] if len(key_cols) == 1 else
+                                [r[c] for c in key_cols] for r in ends], default=str))
+        values.append(ipc_bytes(part))
+    digest = content_digest("table", schema_text(schema), keys, values)
+    return SerializedState(name, "table", keys, values, digest, schema_to_b64(schema),
+                           tuple(key_cols), n_entries=table.num_rows)
 
 
 def deserialize_state(kind: str, values: Sequence[bytes], schema_b64: str | None) -> Any:
-    """The restorable content: an Arrow table (table states) or a dict (dict states)."""
+    """The restorable content: an Arrow table (table states) or a dict (dict states).
+    Raises :class:`ValueError` naming the first stored row that is not in the format."""
     if kind == "table":
         schema = schema_from_b64(schema_b64) if schema_b64 else pa.schema([])
-        rows = [pickle.loads(v) for v in values]
-        if not rows:
-            return schema.empty_table()
-        cols = list(zip(*rows, strict=True))
-        return pa.table([pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)],
-                        schema=schema)
+        parts = []
+        for seq, v in enumerate(values):
+            try:
+                parts.append(read_chunk(v, schema))
+            except ValueError as e:
+                raise ValueError(f"entry seq {seq}: {e}") from None
+        return pa.concat_tables(parts) if parts else schema.empty_table()
     out = {}
-    for v in values:
-        k, val = pickle.loads(v)
-        out[decode_value(k)] = decode_value(val)
+    for seq, v in enumerate(values):
+        try:
+            k, val = decode_entry(v)
+        except (ValueError, TypeError) as e:  # JSON/UTF-8 errors are ValueErrors
+            raise ValueError(f"entry seq {seq} is not typed JSON data ({e})") from None
+        out[k] = val
     return out
+
+
+def decode_content(checkpoint_id: int, state: str, kind: str, values: Sequence[bytes],
+                   schema_b64: str | None) -> Any:
+    """:func:`deserialize_state`, raising :class:`UnreadableCheckpointError` naming the
+    checkpoint and state."""
+    try:
+        return deserialize_state(kind, values, schema_b64)
+    except ValueError as e:
+        raise UnreadableCheckpointError(
+            f"checkpoint {checkpoint_id} is unreadable: state {state!r} {e}; only "
+            f"{FORMAT} data is restored (never code)") from None
 
 
 def load_into(state: BroadcastState, kind: str, content: Any) -> None:
@@ -174,3 +230,16 @@ def load_into(state: BroadcastState, kind: str, content: Any) -> None:
     state.clear()
     for k, v in content.items():
         state.put(k, v)
+
+
+def readable_entries(kind: str, values: Sequence[bytes], schema_b64: str | None,
+                     key_columns: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(key as JSON, value)`` of every entry of a stored content, in key order (for
+    people: ``lakecast snapshots show`` / ``diff``). Raises :class:`ValueError`."""
+    content = deserialize_state(kind, values, schema_b64)
+    if kind == "table":
+        rows = content.to_pylist()
+        cols = list(key_columns)
+        return [(json.dumps(r[cols[0]] if len(cols) == 1 else [r[c] for c in cols],
+                            default=str), r) for r in rows]
+    return sorted(((_key_json(k), thaw(v)) for k, v in content.items()), key=lambda kv: kv[0])

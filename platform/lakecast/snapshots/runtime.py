@@ -2,12 +2,14 @@
 
 A :class:`~lakecast.runtime.BroadcastRuntime` whose
 
-* :meth:`SnapshottingRuntime.checkpoint` runs a Spark job over ``p`` tasks where each task
+* :meth:`SnapshottingRuntime.before_commit` (a batch that will be checkpointed, before
+  anything of it is written) runs a Spark job over ``p`` tasks where each task
   serializes ITS task-local state (the worker cache the batch just used, or built from
   the same chain), hashes it, and reports a manifest row per state; the driver fails the
-  checkpoint when tasks disagree (:class:`~lakecast.snapshots.CheckpointDivergenceError`),
-  then a second job writes each distinct content once, and the header, manifest and
-  content rows commit together (one Delta version);
+  batch when tasks disagree (:class:`~lakecast.snapshots.CheckpointDivergenceError`);
+* :meth:`SnapshottingRuntime.checkpoint` (after the commit) reuses that manifest, then a
+  second job writes each distinct content once, and the header, manifest and content
+  rows commit together (one Delta version);
 * cold start (``_base_elements``, the engine's documented hook) restores from the newest
   complete checkpoint at or before the needed state version instead of reading the full
   tables, redistributing task states as Flink does (new task ``i`` reads old task
@@ -36,6 +38,7 @@ from lakecast.runtime.broadcast import BroadcastRuntime
 from lakecast.runtime.tasks import TaskPlan
 from lakecast.snapshots.checkpointer import Checkpointer, CheckpointResult, describe
 from lakecast.snapshots.codec import (
+    FORMAT,
     load_into,
     schema_from_b64,
     schema_to_b64,
@@ -54,6 +57,7 @@ from lakecast.spark import default_parallelism
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakecast.pipeline.contract import BatchOutput
     from lakecast.pipeline.progress import BatchPlan
 
 
@@ -175,6 +179,10 @@ class SnapshottingRuntime(BroadcastRuntime):
         self.checkpointer = checkpointer
         self.restore_checkpoint_id: int | None = None  # pin the next cold start to this one
         self.restored: RestoredCheckpoint | None = None  # what the last cold start used
+        #: what the last cold start skipped, and why (also in :meth:`before_commit`'s report)
+        self.restore_skipped: list[str] = []
+        self._restore_report: dict[str, Any] | None = None
+        self._verified: tuple[int, str, str, list[ManifestRow]] | None = None
         self._restoring = False
 
     @property
@@ -207,8 +215,17 @@ class SnapshottingRuntime(BroadcastRuntime):
             log.warning("checkpoint %s unusable, restored %s instead: %s", pinned,
                         restored.header.checkpoint_id, why)
         self.restored = restored
+        self.restore_skipped = list(self.store.skipped) if self.store.exists() else []
+        self._restore_report = {
+            "restored_from_checkpoint": restored.header.checkpoint_id if restored else -1,
+            "skipped_checkpoints": len(self.restore_skipped),
+            "skipped_checkpoint_reasons": "; ".join(self.restore_skipped) or "none"}
         self.restore_checkpoint_id = None  # the pin applies to one cold start
         if restored is None:
+            if self.restore_skipped:
+                log.warning("no checkpoint of %s reads and verifies (%s); rebuilding the "
+                            "broadcast state from the tables", self.store.pipeline,
+                            "; ".join(self.restore_skipped))
             return super()._base_elements(until)
         self._restoring = True
         h = restored.header
@@ -258,7 +275,8 @@ class SnapshottingRuntime(BroadcastRuntime):
                 .mapInArrow(manifest_task(plan), MANIFEST_SCHEMA).collect())
         return sorted((ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
                                    {"bytes": r["bytes"], "schema": r["schema"], "pid": r["pid"],
-                                    "cache": r["cache"], "state_bytes": r["state_bytes"]})
+                                    "cache": r["cache"], "state_bytes": r["state_bytes"],
+                                    "rows": r["rows"]})
                        for r in rows), key=lambda m: (m.task, m.state))
 
     def checkpoint(
@@ -269,27 +287,17 @@ class SnapshottingRuntime(BroadcastRuntime):
         events_start: int,
         events_end: int,
         parallelism: int | None = None,
+        manifest: list[ManifestRow] | None = None,
     ) -> CheckpointResult:
-        """Checkpoint every task's broadcast state (see the module doc); one Delta commit."""
+        """Checkpoint every task's broadcast state (see the module doc); one Delta commit.
+        ``manifest``: the tasks' hashes of this state, when :meth:`before_commit` took
+        them (else a manifest job runs first)."""
         from lakecast.delta import io as delta_io
 
         p = parallelism or self.task_parallelism
-        manifest = self.task_manifest(p)
+        manifest = self.task_manifest(p) if manifest is None else manifest
         states = declared_states(self.user_function)
-        got = {(m.task, m.state) for m in manifest}
-        missing = [(t, s) for t in range(p) for s in states if (t, s) not in got]
-        if missing:
-            raise SnapshotError(f"checkpoint {checkpoint_id}: tasks did not report {missing}")
-        writers: dict[str, tuple[int, str]] = {}
-        for s in states:
-            by_hash: dict[str, list[int]] = {}
-            for m in manifest:
-                if m.state == s:
-                    by_hash.setdefault(m.content_hash, []).append(m.task)
-            if len(by_hash) > 1:
-                raise CheckpointDivergenceError(s, by_hash, checkpoint_id)
-            (digest, tasks), = by_hash.items()
-            writers[s] = (min(tasks), digest)
+        writers = self.check_divergence(manifest, p, checkpoint_id)
         created = now_ms()
         header = CheckpointHeader(
             checkpoint_id=checkpoint_id, pipeline=self.store.pipeline, batch_id=batch_id,
@@ -298,7 +306,7 @@ class SnapshottingRuntime(BroadcastRuntime):
             table_schemas={t: schema_to_b64(s) for t, s in self.table_schemas.items()},
             function=f"{type(self.user_function).__module__}."
                      f"{type(self.user_function).__qualname__}",
-            created_at_ms=created,
+            created_at_ms=created, format=FORMAT,
         )
         content = (self.spark.range(0, p, 1, p)
                    .mapInArrow(content_task(self.task_plan(), checkpoint_id, writers, created),
@@ -313,7 +321,51 @@ class SnapshottingRuntime(BroadcastRuntime):
             len({m.content_hash for m in manifest}), sorted({m.meta["pid"] for m in manifest}),
         )
 
+    def check_divergence(self, manifest: Sequence[ManifestRow], p: int, checkpoint_id: int,
+                         batch_id: int | None = None) -> dict[str, tuple[int, str]]:
+        """Every task reported every state with one hash per state, or raise (naming the
+        state and which tasks hold which hash); returns state -> (writer task, hash)."""
+        states = declared_states(self.user_function)
+        got = {(m.task, m.state) for m in manifest}
+        missing = [(t, s) for t in range(p) for s in states if (t, s) not in got]
+        if missing:
+            raise SnapshotError(f"checkpoint {checkpoint_id}: tasks did not report {missing}")
+        writers: dict[str, tuple[int, str]] = {}
+        for s in states:
+            by_hash: dict[str, list[int]] = {}
+            for m in manifest:
+                if m.state == s:
+                    by_hash.setdefault(m.content_hash, []).append(m.task)
+            if len(by_hash) > 1:
+                raise CheckpointDivergenceError(
+                    s, by_hash, checkpoint_id, batch_id=batch_id,
+                    pipeline=self.store.pipeline if batch_id is not None else None)
+            (digest, tasks), = by_hash.items()
+            writers[s] = (min(tasks), digest)
+        return writers
+
     # -- the runtime contract's hooks (lakecast.pipeline.contract.BatchRuntime) ---------
+    def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Before anything of the batch is written: if the batch will be checkpointed, each
+        task hashes its state (the manifest job) and tasks that disagree fail the batch
+        (:class:`~lakecast.snapshots.CheckpointDivergenceError` naming pipeline, batch,
+        state and tasks). Returns what it checked, plus (once) what the cold start
+        restored and skipped."""
+        report, self._restore_report = dict(self._restore_report or {}), None
+        cp = self.checkpointer
+        self._verified = None
+        if cp is None or not cp.due(plan):
+            return report or None
+        p = self.task_parallelism
+        manifest = self.task_manifest(p)
+        self.check_divergence(manifest, p, plan.batch_id, batch_id=plan.batch_id)
+        self._verified = (plan.batch_id, self.function_id, self._chain_key(), manifest)
+        report["state_tasks_verified"] = p
+        return report
+
+    def _chain_key(self) -> str:
+        return self._chain[-1].to_key if self._chain else ""
+
     def pinned_checkpoints(self) -> set[int]:
         """Checkpoints this runtime restored from or will restore from (never removed)."""
         used = set()
@@ -328,8 +380,13 @@ class SnapshottingRuntime(BroadcastRuntime):
         cp = self.checkpointer
         if cp is None or not cp.due(plan):
             return None
+        v = self._verified
+        manifest = v[3] if v is not None and v[:3] == (
+            plan.batch_id, self.function_id, self._chain_key()) else None
+        self._verified = None
         result = self.checkpoint(plan.batch_id, batch_id=plan.batch_id,
-                                 events_start=plan.events_start, events_end=plan.events_end)
+                                 events_start=plan.events_start, events_end=plan.events_end,
+                                 manifest=manifest)
         cp.record(result, self.pinned_checkpoints())
         return describe(result)
 

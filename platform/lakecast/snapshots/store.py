@@ -10,12 +10,14 @@ of rows:
 * ``manifest`` (``p`` x states): what task ``i`` held for state ``s`` — the SHA-256
   content hash of its canonical serialization, its entry count and size;
 * ``entry``: the content, ``(state, seq, key, value)``, stored ONCE per distinct content
-  hash (Flink stores one copy per task: ``p`` x state size).
+  hash (Flink stores one copy per task: ``p`` x state size): Arrow IPC chunks of a table
+  state, typed JSON entries of a dict state (data, never code: :mod:`~lakecast.snapshots.codec`).
 
 A checkpoint is *complete* when its header exists, every task ``0..p-1`` has a manifest
-row for every declared state, and every referenced content has exactly ``n_entries``
-rows whose recomputed hash matches (:meth:`SnapshotStore.validate`). Incomplete or
-corrupt checkpoints are skipped, with the reason, for the previous complete one.
+row for every declared state, and every referenced content has exactly the stored rows
+its manifest says, whose recomputed hash matches and which decode in the checkpoint format
+(:meth:`SnapshotStore.validate`). Incomplete, corrupt or unreadable checkpoints (damaged or
+missing files included) are skipped, with the reason, for the previous complete one.
 
 Contents are serialized canonically (:mod:`lakecast.snapshots.codec`), so equal states
 hash equally on every task.
@@ -34,8 +36,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakecast.delta import io as delta_io
-from lakecast.snapshots.codec import content_digest, deserialize_state, schema_from_b64, schema_text
-from lakecast.snapshots.errors import IncompleteCheckpointError, SnapshotError
+from lakecast.snapshots.codec import (
+    FORMAT,
+    LEGACY_FORMAT,
+    content_digest,
+    decode_content,
+    schema_from_b64,
+    schema_text,
+)
+from lakecast.snapshots.errors import (
+    IncompleteCheckpointError,
+    SnapshotError,
+    UnreadableCheckpointError,
+    first_line,
+    is_damaged_read,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,6 +82,7 @@ class CheckpointHeader:
     table_schemas: dict[str, str]  # table -> schema (base64 IPC)
     function: str
     created_at_ms: int
+    format: str = LEGACY_FORMAT  # headers without one were written with pickled values
 
     def meta(self) -> str:
         d = {k: v for k, v in self.__dict__.items() if k not in ("checkpoint_id",
@@ -86,21 +102,10 @@ class ManifestRow:
     n_entries: int
     meta: dict[str, Any]
 
-
-@dataclass
-class CheckpointSummary:
-    """One line of ``lakecast snapshots list``."""
-
-    header: CheckpointHeader
-    delta_version: int | None
-    stored_bytes: int | None
-    entries: int  # stored entry rows (all distinct contents)
-    state_bytes: int  # serialized bytes of one task's state
-    problem: str | None = None
-
     @property
-    def complete(self) -> bool:
-        return self.problem is None
+    def stored_rows(self) -> int:
+        """Entry rows of its content (chunks of a table state, entries of a dict state)."""
+        return int(self.meta.get("rows", self.n_entries))
 
 
 @dataclass
@@ -129,6 +134,10 @@ class SnapshotStore:
         self.spark = spark
         self.path = path
         self.pipeline = pipeline
+        #: checkpoint id -> why its files could not be read (found by :meth:`index`)
+        self.unreadable: dict[int, str] = {}
+        #: what the last :meth:`resolve` skipped, and why
+        self.skipped: list[str] = []
 
     @property
     def app_id(self) -> str:
@@ -161,19 +170,42 @@ class SnapshotStore:
     # -- reading ---------------------------------------------------------------------
     def index(self) -> tuple[list[int], list[CheckpointHeader]]:
         """(every checkpoint id with rows, the headers), in one Spark job."""
+        self.unreadable = {}
         if not self.exists():
             return [], []
-        from pyspark.sql import functions as F
-
-        is_header = F.col("kind") == HEADER
-        rows = (self._df().groupBy("checkpoint_id")
-                .agg(F.max(F.when(is_header, F.col("meta"))).alias("meta"),
-                     F.max(F.when(is_header, F.col("created_at_ms"))).alias("ts"))
-                .collect())
-        ids = sorted(r[0] for r in rows)
+        try:
+            rows = self._index_rows()
+        except Exception as e:
+            if not is_damaged_read(e):
+                raise
+            # damaged files somewhere: read checkpoint by checkpoint (partition pruning)
+            # and set the unreadable ones aside (ids from the log: no file is read)
+            log.warning("snapshot table %s has unreadable files (%s); reading its "
+                        "checkpoints one by one", self.path, first_line(e))
+            rows = []
+            for cid in sorted(self.delta_versions()):
+                try:
+                    rows += self._index_rows(cid)
+                except Exception as e2:
+                    if not is_damaged_read(e2):
+                        raise
+                    self.unreadable[cid] = first_line(e2)
+        ids = sorted({r[0] for r in rows} | set(self.unreadable))
         headers = sorted((CheckpointHeader.from_row(r[0], r[1], r[2]) for r in rows
                           if r[1] is not None), key=lambda h: h.checkpoint_id)
         return ids, headers
+
+    def _index_rows(self, checkpoint_id: int | None = None) -> list[Any]:
+        from pyspark.sql import functions as F
+
+        df = self._df()
+        if checkpoint_id is not None:
+            df = df.where(F.col("checkpoint_id") == int(checkpoint_id))
+        is_header = F.col("kind") == HEADER
+        return (df.groupBy("checkpoint_id")
+                .agg(F.max(F.when(is_header, F.col("meta"))).alias("meta"),
+                     F.max(F.when(is_header, F.col("created_at_ms"))).alias("ts"))
+                .collect())
 
     def headers(self) -> list[CheckpointHeader]:
         """Every checkpoint header, oldest first."""
@@ -186,6 +218,18 @@ class SnapshotStore:
     def rows(self, checkpoint_id: int) -> pa.Table:
         """All rows of one checkpoint (one partition), as Arrow."""
         return self._df().where(f"checkpoint_id = {int(checkpoint_id)}").toArrow()
+
+    def read_checkpoint(self, checkpoint_id: int) -> pa.Table:
+        """:meth:`rows`, raising :class:`UnreadableCheckpointError` when a file of THIS
+        checkpoint is damaged or missing (Spark's FAILED_READ_FILE, checksum errors);
+        any other error propagates."""
+        try:
+            return self.rows(checkpoint_id)
+        except Exception as e:
+            if not is_damaged_read(e):
+                raise
+            raise UnreadableCheckpointError(
+                f"checkpoint {checkpoint_id} is unreadable: {first_line(e)}") from None
 
     def header(self, checkpoint_id: int) -> CheckpointHeader:
         for h in self.headers():
@@ -252,9 +296,9 @@ class SnapshotStore:
                     f"(parallelism {header.parallelism})")
         for m in manifest:
             stored = counts.get((m.state, m.content_hash), (0, 0))[0]
-            if stored != m.n_entries:
+            if stored != m.stored_rows:
                 return (f"state {m.state!r} content {m.content_hash[:12]} of task {m.task} has "
-                        f"{stored} entry rows, the manifest says {m.n_entries}")
+                        f"{stored} entry rows, the manifest says {m.stored_rows}")
         return None
 
     def validate(self, checkpoint_id: int) -> CheckpointHeader:
@@ -270,7 +314,11 @@ class SnapshotStore:
 
     def _load(self, header: CheckpointHeader, p_new: int) -> RestoredCheckpoint:
         cid = header.checkpoint_id
-        rows = self.rows(cid)  # one read: manifest and content
+        if header.format != FORMAT:
+            raise UnreadableCheckpointError(
+                f"checkpoint {cid} is in format {header.format!r} (pickled values of an "
+                f"older Lakecast); restores read only {FORMAT!r} data, never code")
+        rows = self.read_checkpoint(cid)  # one read: manifest and content
         kind_col = rows.column("kind")
         man = rows.filter(pc.equal(kind_col, MANIFEST))
         manifest = [ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
@@ -313,12 +361,19 @@ class SnapshotStore:
             text = schema_text(schema_from_b64(schema_b64)) if kind == "table" and schema_b64 \
                 else ""
             digest = content_digest(kind, text, keys, values)
-            if digest != m.content_hash or len(keys) != m.n_entries:
+            if digest != m.content_hash or len(keys) != m.stored_rows:
                 raise IncompleteCheckpointError(
                     f"checkpoint {cid} is corrupt: state {s!r} content hash mismatch (manifest "
-                    f"{m.content_hash[:12]}, recomputed {digest[:12]} over {len(keys)} entries)")
-            contents[s] = (kind, deserialize_state(kind, values, schema_b64))
-            total += len(keys)
+                    f"{m.content_hash[:12]}, recomputed {digest[:12]} over {len(keys)} rows)")
+            # verified; decoding accepts data only (Arrow IPC / typed JSON), never code
+            content = decode_content(cid, s, kind, values, schema_b64)
+            n = content.num_rows if kind == "table" else len(content)
+            if n != m.n_entries:
+                raise IncompleteCheckpointError(
+                    f"checkpoint {cid} is corrupt: state {s!r} holds {n} entries, the manifest "
+                    f"says {m.n_entries}")
+            contents[s] = (kind, content)
+            total += n
         return RestoredCheckpoint(header, contents, assignment, total)
 
     def resolve(
@@ -349,7 +404,9 @@ class SnapshotStore:
             if eligible is not None and not eligible(cid):
                 continue
             if h is None:
-                msg = f"checkpoint {cid} skipped: no header row (incomplete write)"
+                why = (f"its files cannot be read ({self.unreadable[cid]})"
+                       if cid in self.unreadable else "no header row (incomplete write)")
+                msg = f"checkpoint {cid} skipped: {why}"
                 skipped.append(msg)
                 log.warning(msg)
                 continue
@@ -372,76 +429,10 @@ class SnapshotStore:
                 log.warning(msg)
                 continue
             restored.skipped = skipped
+            self.skipped = skipped
             return restored
+        self.skipped = skipped
         return None
-
-    # -- listing / diff ----------------------------------------------------------------
-    def summaries(self) -> list[CheckpointSummary]:
-        """Every checkpoint with sizes and its completeness (cheap structural check)."""
-        if not self.exists():
-            return []
-        from pyspark.sql import functions as F
-
-        df = self._df()
-        versions = self.delta_versions()
-        man_rows = df.where(f"kind = '{MANIFEST}'").select(
-            "checkpoint_id", "task", "state", "content_hash", "n_entries", "meta").collect()
-        manifests: dict[int, list[ManifestRow]] = {}
-        for r in man_rows:
-            manifests.setdefault(r[0], []).append(
-                ManifestRow(r[1], r[2], r[3], r[4], json.loads(r[5] or "{}")))
-        cnt_rows = (df.where(f"kind = '{ENTRY}'").groupBy("checkpoint_id", "state", "content_hash")
-                    .agg(F.count("*"), F.sum(F.length("key") + F.length("value"))).collect())
-        counts: dict[int, dict[tuple[str, str], tuple[int, int]]] = {}
-        for r in cnt_rows:
-            counts.setdefault(r[0], {})[(r[1], r[2])] = (int(r[3]), int(r[4] or 0))
-        out = []
-        for h in self.headers():
-            cid = h.checkpoint_id
-            man = manifests.get(cid, [])
-            cnt = counts.get(cid, {})
-            problem = self.check_structure(h, man, cnt)
-            dv = versions.get(cid)
-            stored = None
-            if dv is not None:
-                with _suppress():
-                    stored = int(delta_io.commit_info(self.path, dv, self.spark)
-                                 .metrics.get("numOutputBytes", 0))
-            task0 = [m for m in man if m.task == 0]
-            state_bytes = sum(int(m.meta.get("bytes", 0)) for m in task0)
-            out.append(CheckpointSummary(h, dv, stored, sum(c for c, _ in cnt.values()),
-                                         state_bytes, problem))
-        return out
-
-    def diff(self, a: int, b: int) -> dict[str, dict[str, list[str]]]:
-        """Per state: keys ``added`` / ``removed`` / ``changed`` from checkpoint a to b
-        (task 0's content of each)."""
-        out: dict[str, dict[str, list[str]]] = {}
-        ma = {m.state: m for m in self.manifest(a) if m.task == 0}
-        mb = {m.state: m for m in self.manifest(b) if m.task == 0}
-        if not ma or not mb:
-            raise SnapshotError(f"checkpoint {a if not ma else b} has no manifest for task 0")
-        for s in sorted(set(ma) | set(mb)):
-            if s in ma and s in mb and ma[s].content_hash == mb[s].content_hash:
-                out[s] = {"added": [], "removed": [], "changed": []}
-                continue
-            ea = self._kv(a, ma.get(s))
-            eb = self._kv(b, mb.get(s))
-            out[s] = {
-                "added": sorted(set(eb) - set(ea)),
-                "removed": sorted(set(ea) - set(eb)),
-                "changed": sorted(k for k in set(ea) & set(eb) if ea[k] != eb[k]),
-            }
-        return out
-
-    def _kv(self, cid: int, m: ManifestRow | None) -> dict[str, bytes]:
-        if m is None:
-            return {}
-        t = self.entries(cid, m.state, m.content_hash)
-        if not t.num_rows:
-            return {}
-        return dict(zip(t.column("key").to_pylist(), t.column("value").to_pylist(),
-                        strict=True))
 
     # -- retention ---------------------------------------------------------------------
     def retain(self, keep: int, in_use: Iterable[int] | Callable[[], Iterable[int]] = (),
@@ -467,14 +458,6 @@ class SnapshotStore:
             delta_io.delete(self.spark, self.path,
                             f"checkpoint_id IN ({', '.join(str(i) for i in drop)})")
         return drop
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], delta_io.DeltaIOError)
 
 
 def now_ms() -> int:

@@ -1,6 +1,10 @@
 """The task side of a checkpoint: each task hashes ITS task-local state
 (:func:`manifest_task`), then the writer task of each distinct content emits its entries
-(:func:`content_task`)."""
+(:func:`content_task`).
+
+Every task function here reads its input to the end: PySpark discards a Python worker
+whose ``mapInArrow`` function returned early, and with it the task-local state cached in
+that worker (the next batch would start cold)."""
 
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ _SERIALIZED: OrderedDict[tuple[str, str, int], dict[str, SerializedState]] = Ord
 
 MANIFEST_SCHEMA = (
     "task INT, state STRING, content_hash STRING, n_entries LONG, bytes LONG, "
-    "schema STRING, pid INT, cache STRING, state_bytes LONG"
+    "schema STRING, pid INT, cache STRING, state_bytes LONG, rows LONG"
 )
+#: stored rows per emitted record batch, and its byte budget
+EMIT_ROWS, EMIT_BYTES = 10_000, 32 << 20
 
 
 def _serialized(plan: TaskPlan) -> tuple[dict[str, SerializedState], str]:
@@ -39,8 +45,7 @@ def _serialized(plan: TaskPlan) -> tuple[dict[str, SerializedState], str]:
 
 
 def _task_index(batches: Iterator[pa.RecordBatch]) -> int | None:
-    """The task's index (first value of its input). Reads the input to the end: a Python
-    worker that leaves input unread is not reused, and its task-local state would die."""
+    """The task's index (its first input row); reads the WHOLE input (see the module doc)."""
     task = None
     for b in batches:
         if task is None and b.num_rows:
@@ -60,12 +65,14 @@ def manifest_task(plan: TaskPlan) -> Callable[[Iterator[pa.RecordBatch]], Iterat
         nbytes = cached.store.nbytes() if cached is not None else 0
         rows = [{"task": task, "state": s.name, "content_hash": s.digest,
                  "n_entries": s.n_entries, "bytes": s.nbytes, "schema": s.schema_b64,
-                 "pid": os.getpid(), "cache": status, "state_bytes": nbytes}
+                 "pid": os.getpid(), "cache": status, "state_bytes": nbytes,
+                 "rows": s.n_rows}
                 for s in states.values()]
         yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([
             ("task", pa.int32()), ("state", pa.string()), ("content_hash", pa.string()),
             ("n_entries", pa.int64()), ("bytes", pa.int64()), ("schema", pa.string()),
-            ("pid", pa.int32()), ("cache", pa.string()), ("state_bytes", pa.int64())]))
+            ("pid", pa.int32()), ("cache", pa.string()), ("state_bytes", pa.int64()),
+            ("rows", pa.int64())]))
 
     return run
 
@@ -79,7 +86,7 @@ ENTRY_ARROW = pa.schema([
 
 
 def content_task(plan: TaskPlan, checkpoint_id: int, writers: Mapping[str, tuple[int, str]],
-                 created_at_ms: int, chunk: int = 100_000
+                 created_at_ms: int
                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """mapInArrow body of the content job: the writer task of each distinct content emits
     its entries (after checking its state still has the manifest's hash)."""
@@ -96,8 +103,7 @@ def content_task(plan: TaskPlan, checkpoint_id: int, writers: Mapping[str, tuple
             if s.digest != want:
                 raise CheckpointDivergenceError(name, {want: [task], s.digest: [task]},
                                                 checkpoint_id)
-            for lo in range(0, max(s.n_entries, 0), chunk):
-                hi = min(lo + chunk, s.n_entries)
+            for lo, hi in _spans(s.values):
                 n = hi - lo
                 yield pa.RecordBatch.from_arrays([
                     pa.array([checkpoint_id] * n, pa.int64()), pa.array([ENTRY] * n),
@@ -109,3 +115,15 @@ def content_task(plan: TaskPlan, checkpoint_id: int, writers: Mapping[str, tuple
                 ], schema=ENTRY_ARROW)
 
     return run
+
+
+def _spans(values: list[bytes]) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` ranges of at most :data:`EMIT_ROWS` rows and about :data:`EMIT_BYTES`."""
+    lo, size = 0, 0
+    for i, v in enumerate(values):
+        if i > lo and (i - lo >= EMIT_ROWS or size + len(v) > EMIT_BYTES):
+            yield lo, i
+            lo, size = i, 0
+        size += len(v)
+    if lo < len(values):
+        yield lo, len(values)

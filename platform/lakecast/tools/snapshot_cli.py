@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import pickle
 import time
 from typing import Any
 
 from lakecast.config import get_settings
-from lakecast.snapshots.codec import schema_from_b64
 from lakecast.snapshots.errors import SnapshotError
+from lakecast.snapshots.listing import diff, readable, summaries
 from lakecast.snapshots.store import SnapshotStore
 
 
@@ -55,7 +54,7 @@ def _store(args: argparse.Namespace) -> SnapshotStore:
 
 def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
-    rows = store.summaries()
+    rows = summaries(store)
     print(f"{'id':>5} {'batch':>5} {'events v':>8} {'p':>3} {'entries':>9} {'stored':>10} "
           f"{'p x state':>10} {'delta v':>7}  {'created (UTC)':19}  state version / status")
     for s in rows:
@@ -71,16 +70,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     for cid in headerless:
         print(f"{cid:>5}  INCOMPLETE: no header row (never restored)")
     return 0
-
-
-def _decode(kind: str, value: bytes, schema: Any) -> Any:
-    from lakecast.snapshots.codec import decode_value
-
-    if kind == "table":
-        row = pickle.loads(value)
-        return dict(zip(schema.names, row, strict=True))
-    _, v = pickle.loads(value)
-    return decode_value(v)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -101,17 +90,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.state and m.state != args.state:
             continue
         kind = header.states[m.state]["kind"]
-        schema = schema_from_b64(m.meta["schema"]) if m.meta.get("schema") else None
         print(f"\n[{m.state}] {kind} state, {m.n_entries} entries, hash {m.content_hash[:16]}")
-        t = store.entries(args.checkpoint_id, m.state, m.content_hash)
-        n = min(args.limit, t.num_rows)
-        keys = t.column("key").to_pylist()[:n] if n else []
-        values = t.column("value").to_pylist()[:n] if n else []
-        width = max([len(k) for k in keys] + [3])
-        for k, v in zip(keys, values, strict=True):
-            print(f"  {k:<{width}}  {json.dumps(_decode(kind, v, schema), default=str)}")
-        if t.num_rows > n:
-            print(f"  ... {t.num_rows - n} more (--limit)")
+        entries = readable(store, args.checkpoint_id, m)
+        shown = entries[:args.limit]
+        width = max([len(k) for k, _ in shown] + [3])
+        for k, v in shown:
+            print(f"  {k:<{width}}  {json.dumps(v, default=str)}")
+        if len(entries) > len(shown):
+            print(f"  ... {len(entries) - len(shown)} more (--limit)")
     return 0
 
 
@@ -121,7 +107,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     print(f"checkpoint {args.a} {json.dumps(ha.state_version, sort_keys=True)} -> "
           f"checkpoint {args.b} {json.dumps(hb.state_version, sort_keys=True)}")
     print(f"{'state':24} {'added':>7} {'removed':>8} {'changed':>8}  keys")
-    for state, d in store.diff(args.a, args.b).items():
+    for state, d in diff(store, args.a, args.b).items():
         sample = [f"+{k}" for k in d["added"]] + [f"-{k}" for k in d["removed"]] + [
             f"~{k}" for k in d["changed"]]
         more = f" ... ({len(sample) - args.limit} more)" if len(sample) > args.limit else ""
