@@ -12,7 +12,11 @@ from dagster import (
 
 from assets import BATCH_ASSETS, BATCH_CHECKS, DAILY_PARTITIONS
 from assets.resources import LakecastSparkResource, LakeResource
-from jobs.microbatch import enrichment_microbatch, enrichment_microbatch_assets
+from jobs.microbatch import (
+    broadcast_versions_accepted,
+    enrichment_microbatch,
+    enrichment_microbatch_assets,
+)
 from jobs.sensors import broadcast_versions_sensor
 from lakecast.tables import USER_SEGMENTS
 
@@ -39,7 +43,7 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
 defs = Definitions(
     executor=in_process_executor,
     assets=[*BATCH_ASSETS, enrichment_microbatch_assets],
-    asset_checks=BATCH_CHECKS,
+    asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted],
     jobs=[daily_segment_refresh_job, enrichment_microbatch],
     schedules=[daily_segment_refresh],
     sensors=[broadcast_versions_sensor],

@@ -9,6 +9,11 @@ Events are enriched with three broadcast states built from Delta tables:
 * ``feature_flags`` → ``vip_discount_pct``: the flag ``vip_discount`` (value =
   percent) applies to VIP users while it is enabled, else 0.
 
+Each table declares its contract (:mod:`lakecast.api.contracts`): one row per key, no
+null key, the used columns present, and for ``feature_flags`` a ``vip_discount`` value
+that is a number from 0 to 100 (:func:`check_vip_discount`). A version that breaks it is
+refused: the state keeps the last good version and the refusal is reported.
+
 Plus intrinsic validation of raw events (the same reasons the batch layer uses):
 rows failing it go to ``enrichment_rejected`` with their reason.
 """
@@ -22,10 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.transforms import classify_event_format
+from lakecast.api.contracts import TableContract
 from lakecast.api.descriptors import MapStateDescriptor
 from lakecast.api.element import BroadcastElement
 from lakecast.api.enrich import Enrichment, Lookup
 from lakecast.api.functions import Context, ReadOnlyContext
+from lakecast.errors import LakecastError
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
 
 if TYPE_CHECKING:
@@ -34,6 +41,31 @@ if TYPE_CHECKING:
 FEATURE_FLAGS = "feature_flags"
 VIP_DISCOUNT_FLAG = "vip_discount"
 FLAGS = MapStateDescriptor(FEATURE_FLAGS, str, dict, key_columns=("flag",))
+
+
+def vip_discount_pct(value: object) -> float | None:
+    """The ``vip_discount`` flag's value as a percent, ``None`` when it is not a number
+    from 0 to 100."""
+    try:
+        pct = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return pct if 0.0 <= pct <= 100.0 else None
+
+
+def check_vip_discount(rows: pa.Table, table: str, version: int) -> list[str]:
+    """Row check of ``feature_flags``: an enabled ``vip_discount`` has a usable value."""
+    flags = rows.filter(pc.equal(rows.column("flag"), VIP_DISCOUNT_FLAG)).to_pylist()
+    return [
+        f"{table}@v{version}: flag={VIP_DISCOUNT_FLAG!r} has value={r['value']!r}, not a "
+        f"percent from 0 to 100; write a version of {table} whose {VIP_DISCOUNT_FLAG} value "
+        f"is a number (e.g. `lakecast flag set {VIP_DISCOUNT_FLAG} 10`)"
+        for r in flags if r["enabled"] and vip_discount_pct(r["value"]) is None
+    ]
+
+
+FLAGS_CONTRACT = TableContract(FEATURE_FLAGS, ("flag",), ("enabled", "value"),
+                               checks=(check_vip_discount,))
 
 
 class StorefrontEnrichment(Enrichment):
@@ -53,6 +85,9 @@ class StorefrontEnrichment(Enrichment):
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         return [*super().state_descriptors(), FLAGS]
 
+    def table_contracts(self) -> Sequence[TableContract]:
+        return [*super().table_contracts(), FLAGS_CONTRACT]
+
     def process_broadcast_element(self, value: Any, ctx: Context) -> None:
         if isinstance(value, BroadcastElement) and value.table == FEATURE_FLAGS:
             ctx.get_broadcast_state(FLAGS).apply(value, "flag")
@@ -67,10 +102,14 @@ class StorefrontEnrichment(Enrichment):
         flag = ctx.get_broadcast_state(FLAGS).get(VIP_DISCOUNT_FLAG)
         pct = 0.0
         if flag is not None and flag["enabled"]:
-            try:
-                pct = float(flag["value"])
-            except (TypeError, ValueError):
-                pct = 0.0  # a malformed flag value disables the discount
+            parsed = vip_discount_pct(flag["value"])
+            if parsed is None:  # the pipeline refuses such versions: never a silent default
+                version = ctx.state_version().get(FEATURE_FLAGS)
+                raise LakecastError(
+                    f"{FEATURE_FLAGS}@v{version}: flag={VIP_DISCOUNT_FLAG!r} has "
+                    f"value={flag['value']!r}, not a percent from 0 to 100; write a version "
+                    f"of {FEATURE_FLAGS} whose {VIP_DISCOUNT_FLAG} value is a number")
+            pct = parsed
         is_vip = pc.fill_null(pc.equal(batch.column("segment"), "VIP"), False)
         discount = pc.if_else(is_vip, pa.scalar(pct), pa.scalar(0.0))
         return batch.append_column("vip_discount_pct", discount)

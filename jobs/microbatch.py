@@ -18,10 +18,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
     AssetSpec,
     MaterializeResult,
     MetadataValue,
+    asset_check,
     define_asset_job,
     multi_asset,
 )
@@ -31,6 +33,8 @@ from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.build import broadcast_pipeline
 from lakecast.config import Settings, get_settings
 from lakecast.errors import LakecastError
+from lakecast.delta.source import latest_versions
+from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
@@ -95,6 +99,8 @@ def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
         # tasks that built their state from scratch (0 in a run whose state stayed warm)
         "first_batch_cold_tasks": results[0].cold_tasks if results else 0,
         "cold_tasks": sum(r.cold_tasks for r in results),
+        "refused_versions_count": len(refused_versions(results)),
+        "full_reloads_count": sum(len(r.full_reloads) for r in results),
     }
     if results:
         last = results[-1]
@@ -134,6 +140,9 @@ def enrichment_microbatch_assets(
             f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
             f"counts {r.counts} in {r.seconds:.1f}s"
         )
+        for ref in r.refused_versions:
+            context.log.warning(f"refused {ref['table']}@v{ref['version']}: "
+                                + "; ".join(ref["reasons"]))
 
     results = pipeline.run(on_batch=log)
     if not results:
@@ -155,7 +164,43 @@ def enrichment_microbatch_assets(
         meta: dict[str, object] = {k: v for k, v in totals.items()}
         meta["dagster/row_count"] = int(totals[count_key])
         meta["state_version"] = MetadataValue.json(results[-1].state_version)
+        meta["refused_versions"] = MetadataValue.json(refused_versions(results))
+        meta["full_reloads"] = MetadataValue.json(
+            [f for r in results for f in r.full_reloads])
         yield MaterializeResult(asset_key=key, metadata=meta)
+
+
+def refused_versions(results: list[BatchResult]) -> list[dict[str, object]]:
+    """The broadcast versions refused during a run (each once), with their reasons."""
+    seen: dict[tuple[str, int], dict[str, object]] = {}
+    for r in results:
+        for ref in r.refused_versions:
+            seen.setdefault((ref["table"], ref["version"]), ref)
+    return [seen[k] for k in sorted(seen)]
+
+
+@asset_check(
+    asset=ENRICHED_EVENTS,
+    name="broadcast_versions_accepted",
+    description="The newest version of every broadcast table passes the enrichment's table "
+                "contracts (fails while one is refused: the state is at an older version).",
+)
+def broadcast_versions_accepted(pyspark: LakecastSparkResource, lake: LakeResource
+                                ) -> AssetCheckResult:
+    """Check the newest version of each broadcast table against the function's contracts."""
+    spark = pyspark.spark_session
+    settings = lake.settings()
+    tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
+    gate = VersionGate(spark, tables, StorefrontEnrichment().table_contracts())
+    newest = {t: v for t, v in latest_versions(tables, spark).items() if v is not None}
+    refused = [{"table": t, "version": v, "reasons": list(gate.reasons(t, v))}
+               for t, v in sorted(newest.items()) if gate.reasons(t, v)]
+    return AssetCheckResult(
+        passed=not refused,
+        metadata={"newest_versions": MetadataValue.json(newest),
+                  "refused_versions": MetadataValue.json(refused)},
+        description="; ".join(why for r in refused for why in r["reasons"]) or None,
+    )
 
 
 enrichment_microbatch = define_asset_job(
@@ -194,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     results = pipeline.run(
         max_batches=args.max_batches,
         on_batch=lambda r: print(f"batch {r.plan.batch_id}: {r.counts} "
-                                 f"cold_tasks={r.cold_tasks}", flush=True),
+                                 f"cold_tasks={r.cold_tasks}"
+                                 + "".join(f"\n  refused {why}" for ref in r.refused_versions
+                                           for why in ref["reasons"]), flush=True),
     )
     print(json.dumps(summarize(results), sort_keys=True), flush=True)
     return 0

@@ -4,7 +4,9 @@ never patched afterwards.
 
 * :func:`broadcast_pipeline`: a :class:`~lakecast.api.functions.BroadcastProcessFunction`
   on a :class:`~lakecast.snapshots.runtime.SnapshottingRuntime` (task-local state,
-  checkpointed every N batches, restored on cold start);
+  checkpointed every N batches, restored on cold start); broadcast versions pass the
+  function's table contracts before they are planned
+  (:class:`~lakecast.delta.validation.VersionGate`);
 * :func:`keyed_pipeline`: a :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction` on
   a :class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime` (keyed state in the spec's
   ``state_table``, versioned with the outputs).
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
 from lakecast.pipeline.progress import ProgressLog
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
@@ -51,9 +54,12 @@ def broadcast_pipeline(
     checkpointer = (Checkpointer(store, log, every=checkpoint_every, keep=keep_checkpoints)
                     if checkpoint_every else None)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
+    gate = VersionGate(spark, tables, function.table_contracts())
     runtime = SnapshottingRuntime(spark, function, tables, store, parallelism=parallelism,
-                                  checkpointer=checkpointer, **runtime_options)
-    return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator)
+                                  checkpointer=checkpointer, reload_if=gate.reload_reason,
+                                  **runtime_options)
+    return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator,
+                              version_gate=gate)
 
 
 def keyed_pipeline(

@@ -75,8 +75,10 @@ def build(spark, lake) -> None:
     flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "10")
 
 
-def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float) -> dict[str, pd.DataFrame]:
-    """The outputs, computed with pandas: rejected / unmatched / enriched."""
+def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
+             prods: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """The outputs, computed with pandas: rejected / unmatched / enriched (``prods``:
+    dim_products, default :func:`products`)."""
     ev = ev.copy()
     ts = pd.to_datetime(ev["event_time"], format="%Y-%m-%d %H:%M:%S", errors="coerce")
     reason = pd.Series([None] * len(ev), dtype=object)
@@ -93,7 +95,8 @@ def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float) -> dict[str, 
     reason = reason.where(~dup, "duplicate_event_id")
     ev["reason"] = reason
     valid = ev[ev["reason"].isna()]
-    prods = products().rename(columns={"category": "product_category", "price": "product_price"})
+    prods = (products() if prods is None else prods).rename(
+        columns={"category": "product_category", "price": "product_price"})
     joined = valid.merge(prods[["product_id", "product_category", "product_price"]],
                          on="product_id", how="left")  # fmt: skip
     unmatched = joined[joined["product_category"].isna()]

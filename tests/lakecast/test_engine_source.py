@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pandas as pd
+import pytest
 from pyspark.sql import functions as F
 
 from lakecast import BroadcastTestHarness, Lookup, enrich, read_broadcast_elements
 from lakecast.api.element import order_elements
 from lakecast.delta import io as delta_io
+from lakecast.delta.source import CdfUnavailable
 
 
 def _users(spark, n, segment="REGULAR"):
@@ -75,6 +80,7 @@ def test_cdf_not_covering_the_range_gives_a_full_element(spark, lake):
     (el,) = read_broadcast_elements(spark, {"t": path}, {"t": 0})
     assert (el.kind, el.version, el.num_rows) == ("full", 4, 14)
     assert "CDF does not cover versions 1..4" in el.reason
+    assert "DELTA_MISSING_CHANGE_DATA" in el.meta["full_reload"]  # a known gap, counted
     # from v3 on the CDF covers it: v4 travels as its one inserted row, v3 as an empty element
     els = read_broadcast_elements(spark, {"t": path}, {"t": 2})
     assert [(e.version, e.kind, e.num_rows) for e in els] == [(3, "changes", 0), (4, "changes", 1)]
@@ -100,3 +106,30 @@ def test_missing_table_is_skipped_until_it_exists(spark, lake):
     delta_io.write(spark.createDataFrame(pd.DataFrame({"k": [1]})), path, mode="overwrite")
     (el,) = read_broadcast_elements(spark, {"later": path}, {})
     assert el.kind == "full"
+
+
+def test_only_known_cdf_gaps_fall_back_to_a_full_reload(spark, lake, caplog):
+    """21.3: a damaged change file is a fault (the read fails with its cause); vacuumed
+    change files are a known gap (a full reload, at WARNING, with its reason)."""
+    path = lake.table_path("gaps")
+    delta_io.write(_users(spark, 10), path, mode="overwrite")  # v0
+    changed = _users(spark, 10).withColumn(
+        "segment", F.when(F.col("user_id") < 3, "VIP").otherwise(F.col("segment")))
+    delta_io.merge_upsert(spark, changed, path, keys=["user_id"])  # v1: CDC files
+    cdc = sorted(Path(path, "_change_data").glob("*.parquet"))
+    assert cdc
+    for f in cdc:
+        f.write_bytes(b"not parquet " * 64)
+    with pytest.raises(Exception) as err:  # Spark's own error type
+        read_broadcast_elements(spark, {"t": path}, {"t": 0}, fast_path=False)
+    assert not isinstance(err.value, CdfUnavailable)
+    assert "FILE_NOT_EXIST" not in str(err.value)
+
+    for f in cdc:  # vacuumed
+        f.unlink()
+    with caplog.at_level(logging.WARNING, logger="lakecast.delta.source"):
+        (el,) = read_broadcast_elements(spark, {"t": path}, {"t": 0}, fast_path=False)
+    assert (el.kind, el.version, el.num_rows) == ("full", 1, 10)
+    assert "vacuumed" in el.meta["full_reload"]
+    assert any(r.levelno == logging.WARNING and "full reload" in r.getMessage()
+               for r in caplog.records)

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakecast.api.contracts import InvalidVersionPolicy, RowCheck, TableContract
 from lakecast.api.descriptors import (
     HELD,
     MISSING_POLICIES,
@@ -46,7 +47,9 @@ class Lookup:
     add (a list, or ``{state_column: output_column}``); all non-key columns by default.
     ``defaults``: value per output column for events whose key is missing (``None`` if
     not given). ``on_missing``: ``"default"`` / ``"unmatched"`` / ``"hold"`` (``None``:
-    the enrichment's policy).
+    the enrichment's policy). ``on_invalid``: what happens to a version of the table with
+    duplicate or null keys, a missing used column, or rows failing ``checks``
+    (``"refuse_and_continue"`` | ``"fail"``, see :mod:`lakecast.api.contracts`).
     """
 
     table: str
@@ -54,6 +57,8 @@ class Lookup:
     columns: Sequence[str] | Mapping[str, str] | None = None
     defaults: Mapping[str, Any] = field(default_factory=dict)
     on_missing: MissingPolicy | None = None
+    on_invalid: InvalidVersionPolicy = "refuse_and_continue"
+    checks: Sequence[RowCheck] = ()
 
     def __post_init__(self) -> None:
         if self.on_missing is not None and self.on_missing not in MISSING_POLICIES:
@@ -75,6 +80,17 @@ class Lookup:
     @property
     def descriptor(self) -> MapStateDescriptor:
         return MapStateDescriptor(self.table, tuple, dict, key_columns=tuple(self.state_keys))
+
+    @property
+    def contract(self) -> TableContract:
+        """The lookup's :class:`~lakecast.api.contracts.TableContract`: its key, the columns
+        it names, its checks and policy."""
+        if isinstance(self.columns, Mapping):
+            used = tuple(self.columns)
+        else:
+            used = tuple(self.columns or ())
+        return TableContract(self.table, tuple(self.state_keys), used, tuple(self.checks),
+                             self.on_invalid)
 
     def column_pairs(self, state_schema: pa.Schema | None) -> list[tuple[str, str]]:
         """(state column, output column) pairs."""
@@ -112,6 +128,9 @@ class Enrichment(BroadcastProcessFunction):
     # -- declarations ----------------------------------------------------------------
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         return [lk.descriptor for lk in self.lookups]
+
+    def table_contracts(self) -> Sequence[TableContract]:
+        return [lk.contract for lk in self.lookups]
 
     def policy(self, lookup: Lookup) -> MissingPolicy:
         return lookup.on_missing or self.on_missing

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from lakecast.api.contracts import TableContract
 from lakecast.api.descriptors import HELD, UNMATCHED, MapStateDescriptor, MissingPolicy, OutputTag
 from lakecast.api.read_only import ReadOnlyBroadcastState
 from lakecast.api.state import BroadcastState
@@ -107,6 +108,12 @@ class BroadcastProcessFunction:
 
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         """Declare the broadcast states this function uses."""
+        return ()
+
+    def table_contracts(self) -> Sequence[TableContract]:
+        """What each version of a broadcast table must satisfy before it reaches the state
+        (key columns, used columns, row checks, policy; :mod:`lakecast.api.contracts`).
+        Tables without a contract are applied unchecked."""
         return ()
 
     def output_tags(self) -> Sequence[OutputTag]:

@@ -4,8 +4,13 @@ Given broadcast tables ``{name: path}`` and the last applied version of each,
 :func:`read_broadcast_elements` returns one :class:`BroadcastElement` per new table
 version, built from the Change Data Feed (inserts, update post-images, deletes — so a
 version that touched 1% of the rows travels as 1% of the rows). When there is no
-previous version, or the CDF does not cover the range (enabled later, log cleaned, ...),
-it returns one ``full`` element with the table as of the newest version and says why.
+previous version, it returns one ``full`` element with the table as of the newest version.
+Only known conditions replace the changes by such a full *reload* (logged at WARNING, the
+reason in the element's ``meta["full_reload"]``): the CDF was not recorded for the range,
+its files or the log were cleaned, the table was recreated or its schema changed
+incompatibly (:data:`KNOWN_CDF_GAPS`), or the caller's ``reload_if`` says the changes
+cannot be applied (a refused version lies in the range, :mod:`lakecast.delta.validation`).
+Any other error of the CDF reader fails with its cause.
 
 Order is total and deterministic: commit order within a table; across tables by commit
 timestamp, then table name (a table's timestamps are made non-decreasing first, so
@@ -15,7 +20,7 @@ commit order always wins). All reads go through :mod:`lakecast.delta.io`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -91,13 +96,61 @@ class CdfUnavailable(Exception):
     """The Change Data Feed cannot serve a version range."""
 
 
+#: error conditions of Spark's CDF reader that mean "the feed cannot serve this range" (a
+#: full reload is then correct); any other error is a fault and fails the read
+KNOWN_CDF_GAPS: dict[str, str] = {
+    "DELTA_MISSING_CHANGE_DATA": "the change data feed was not recorded for the range",
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_SCHEMA_CHANGE":
+        "the table's schema changed incompatibly in the range (overwritten or recreated)",
+    "DELTA_CHANGE_DATA_FEED_INCOMPATIBLE_DATA_SCHEMA":
+        "the table's data schema changed incompatibly in the range (overwritten or recreated)",
+    "DELTA_CDC_START_VERSION_AFTER_LATEST": "the table was recreated (its versions restarted)",
+    "DELTA_INVALID_CDC_RANGE": "the table was recreated (its versions restarted)",
+    "DELTA_VERSION_NOT_FOUND": "the log of the range was cleaned",
+    "DELTA_VERSIONS_NOT_CONTIGUOUS": "the log of the range was cleaned",
+    "DELTA_LOG_FILE_NOT_FOUND": "the log of the range was cleaned",
+    "FAILED_READ_FILE.FILE_NOT_EXIST": "change files of the range were vacuumed",
+    "DELTA_FILE_NOT_FOUND": "change files of the range were vacuumed",
+    "DELTA_FILE_OR_DIR_NOT_FOUND": "change files of the range were vacuumed",
+    "DELTA_CHANGE_DATA_FILE_NOT_FOUND": "change files of the range were vacuumed",
+}
+
+
+def known_cdf_gap(error: BaseException) -> str | None:
+    """Why ``error`` (raised by Spark's CDF reader) is a known gap of the feed, or ``None``
+    when it is not (a fault: transient storage error, OOM, bug)."""
+    condition = ""
+    for getter in ("getCondition", "getErrorClass"):
+        fn = getattr(error, getter, None)
+        if callable(fn):
+            try:
+                condition = fn() or ""
+            except Exception:  # older/other exception types
+                condition = ""
+            if condition:
+                break
+    text = str(error)
+    for name, why in KNOWN_CDF_GAPS.items():
+        if condition == name or condition.startswith(name + ".") or f"[{name}]" in text \
+                or f"[{name}." in text:
+            return f"{why} ({name})"
+    if "java.io.FileNotFoundException" in text:
+        return "change files of the range were vacuumed (FileNotFoundException)"
+    return None
+
+
 
 def _full(spark: SparkSession, name: str, path: str, version: int, reason: str,
-          direct: bool = True) -> BroadcastElement:
+          direct: bool = True, reload: bool = False) -> BroadcastElement:
     """The whole table at ``version``: as its file list (read where the rows are needed,
     :class:`DeltaFilesElement`) when that is safe, else read by Spark now (and the reason
-    says why)."""
+    says why). ``reload``: it replaces changes that cannot be applied (WARNING, and
+    ``meta["full_reload"]`` holds the reason)."""
     info = delta_io.commit_info(path, version, spark)
+    meta = {"full_reload": reason} if reload else {}
+    if reload:
+        log.warning("broadcast %s@v%d: full reload instead of changes: %s", name, version,
+                    reason)
     if direct:
         large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
         try:
@@ -108,11 +161,12 @@ def _full(spark: SparkSession, name: str, path: str, version: int, reason: str,
             log.info("broadcast %s@v%d: full (%d rows in %d files): %s", name, version,
                      files.num_rows, len(files.files), reason)
             return DeltaFilesElement(name, version, info.timestamp_ms, reason=reason,
-                                     operation=info.operation, files=files)
+                                     operation=info.operation, meta=meta, files=files)
     rows = delta_io.read(spark, path, version=version).toArrow()
     log.info("broadcast %s@v%d: full (%d rows): %s", name, version, rows.num_rows, reason)
     return BroadcastElement(
-        name, version, info.timestamp_ms, "full", rows, reason=reason, operation=info.operation
+        name, version, info.timestamp_ms, "full", rows, reason=reason, operation=info.operation,
+        meta=meta,
     )
 
 
@@ -133,15 +187,19 @@ def _changes_from_log(path: str, start: int, end: int) -> dict[int, pa.Table] | 
 
 def _changes_with_spark(spark: SparkSession, path: str, start: int, end: int
                         ) -> dict[int, pa.Table]:
-    """Per-version changes from Spark's Change Data Feed reader."""
+    """Per-version changes from Spark's Change Data Feed reader. A known gap of the feed
+    (:func:`known_cdf_gap`) raises :class:`CdfUnavailable`; any other error propagates."""
     try:
         frame = delta_io.read_changes(spark, path, start, end).where(
             f"{CHANGE_TYPE} != 'update_preimage'"
         )
         rows = frame.drop("_commit_timestamp").toArrow()
-    except Exception as e:  # AnalysisException, Py4JJavaError, ...: the CDF cannot serve it
+    except Exception as e:  # AnalysisException, Py4JJavaError, ...: only known gaps fall back
+        why = known_cdf_gap(e)
+        if why is None:
+            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CdfUnavailable(first[:500]) from e
+        raise CdfUnavailable(f"{why}: {first[:400]}") from e
     versions = rows.column("_commit_version")
     rows = rows.drop_columns(["_commit_version"])
     return {v: rows.filter(pc.equal(versions, v)) for v in range(start, end + 1)}
@@ -176,12 +234,16 @@ def read_broadcast_elements(
     *,
     fast_path: bool = True,
     direct_full: bool = True,
+    reload_if: Callable[[str, int, int], str | None] | None = None,
 ) -> list[BroadcastElement]:
     """The ordered broadcast elements of ``tables`` after the versions in ``since``.
 
     ``since[name]`` is the last applied version (missing/``None``: nothing applied yet).
-    ``until[name]`` caps the version read (default: the newest). Tables that do not
-    exist yet are skipped. ``fast_path`` reads simple commits' change files directly
+    ``until[name]`` caps the version read; ``until=None``: every table at its newest
+    version; given, a table absent from it is skipped (absent at plan time stays absent).
+    Tables that do not exist yet are skipped. ``reload_if(name, since, until)``: a reason
+    to reload the table whole at ``until`` instead of reading its changes (``None``: read
+    them). ``fast_path`` reads simple commits' change files directly
     (:func:`lakecast.delta.io.read_changes_from_log`) instead of running a Spark job.
     ``direct_full`` returns full tables as :class:`DeltaFilesElement` s (their files are
     read where the rows are needed) when that is safe, instead of reading them with Spark.
@@ -189,8 +251,11 @@ def read_broadcast_elements(
     elements: list[BroadcastElement] = []
     for name in sorted(tables):
         path = tables[name]
-        latest = (until or {}).get(name)
-        if latest is None:
+        if until is not None:
+            if name not in until:
+                continue
+            latest = until[name]
+        else:
             latest = delta_io.latest_version(path, spark)
         if latest is None:
             continue
@@ -201,11 +266,15 @@ def read_broadcast_elements(
             elements.append(_full(spark, name, path, latest, "no previous version: initial load",
                                   direct_full))
             continue
+        why = reload_if(name, prev, latest) if reload_if is not None else None
+        if why:
+            elements.append(_full(spark, name, path, latest, why, direct_full, reload=True))
+            continue
         try:
             elements.extend(_changes(spark, name, path, prev + 1, latest, fast_path))
         except CdfUnavailable as e:
             reason = f"CDF does not cover versions {prev + 1}..{latest}: {e}"
-            elements.append(_full(spark, name, path, latest, reason, direct_full))
+            elements.append(_full(spark, name, path, latest, reason, direct_full, reload=True))
     return order_elements(elements)
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lakecast.delta import io as delta_io
+from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import BatchRuntime
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog
@@ -115,6 +116,10 @@ class BatchResult:
     checkpoint: Mapping[str, Any] | None = None
     #: what the runtime's ``before_commit`` hook checked (e.g. state hashes, a restore)
     state_check: Mapping[str, Any] | None = None
+    #: broadcast versions refused at planning, with their reasons (the plan's record)
+    refused_versions: list[dict[str, Any]] = field(default_factory=list)
+    #: tables reloaded whole instead of applying their changes: ``{table, version, reason}``
+    full_reloads: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def events_in(self) -> int:
@@ -132,6 +137,7 @@ class MicroBatchPipeline:
         log: ProgressLog,
         runtime: BatchRuntime,
         validator: Validator | None = None,
+        version_gate: VersionGate | None = None,
     ) -> None:
         self.spark = spark
         self.spec = spec
@@ -139,6 +145,8 @@ class MicroBatchPipeline:
         self.log = log
         self.runtime = runtime
         self.validator = validator
+        #: checks broadcast versions at planning (refused ones are not planned)
+        self.version_gate = version_gate
 
     @property
     def output_tables(self) -> list[str]:
@@ -182,7 +190,12 @@ class MicroBatchPipeline:
         if self.spec.max_versions_per_batch:
             events_end = min(events_end, start + self.spec.max_versions_per_batch)
         batch_id = max(p.batch_id for p in plans) + 1 if plans else 0
-        return BatchPlan(batch_id, start, events_end, bvs), False
+        refused: list[dict[str, Any]] = []
+        if self.version_gate is not None:  # plan the newest good versions only
+            applied = last.broadcast_versions if last is not None else {}
+            bvs, bad = self.version_gate.plan(applied, bvs)
+            refused = [r.as_dict() for r in bad]
+        return BatchPlan(batch_id, start, events_end, bvs, refused=refused), False
 
     # -- one batch ------------------------------------------------------------
 
@@ -292,6 +305,11 @@ class MicroBatchPipeline:
             updates_applied=metrics.broadcast_updates_applied,
             cold_tasks=int(summary["cold_tasks"]),
             state_check=state_check,
+            refused_versions=list(plan.refused),
+            full_reloads=[
+                {"table": e.table, "version": e.version, "reason": e.meta["full_reload"]}
+                for e in result.new_elements if (getattr(e, "meta", None) or {}).get(
+                    "full_reload")],
         )
         checkpoint = self.runtime.after_commit(plan)
         return replace(batch, checkpoint=checkpoint) if checkpoint else batch

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 PROGRESS_SCHEMA = (
     "batch_id LONG, kind STRING, events_start LONG, events_end LONG, "
-    "broadcast_versions STRING, counts STRING, recorded_at_ms LONG, output_versions STRING"
+    "broadcast_versions STRING, counts STRING, recorded_at_ms LONG, output_versions STRING, "
+    "refused STRING"
 )
 PROGRESS_COLUMNS = [c.strip().split()[0] for c in PROGRESS_SCHEMA.split(",")]
 
@@ -50,6 +51,9 @@ class BatchPlan:
     #: table back to ``rollback_to`` (table -> version, -1 = empty)
     restore_of: int | None = None
     rollback_to: dict[str, int] | None = None
+    #: broadcast versions refused at planning (newer than the planned ones, or skipped):
+    #: ``[{"table", "version", "reasons"}]`` (:mod:`lakecast.delta.validation`)
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_restore(self) -> bool:
@@ -97,6 +101,7 @@ class ProgressLog:
                 "recorded_at_ms": plan.planned_at_ms,
                 "output_versions": json.dumps(plan.rollback_to, sort_keys=True)
                 if restore else None,
+                "refused": json.dumps(plan.refused, sort_keys=True) if plan.refused else None,
             },
             "plan",
         )
@@ -121,6 +126,7 @@ class ProgressLog:
                 plans[r["batch_id"]] = BatchPlan(
                     r["batch_id"], r["events_start"], r["events_end"],
                     json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
+                    refused=json.loads(r.get("refused") or "[]"),
                 )
             elif r["kind"] == "restore":
                 plans[r["batch_id"]] = BatchPlan(

@@ -203,6 +203,7 @@ class BroadcastRuntime:
         max_chain: int = 64,
         function_id: str | None = None,
         parallelism: int | None = None,
+        reload_if: Callable[[str, int, int], str | None] | None = None,
     ) -> None:
         if not tables:
             raise ValueError("BroadcastRuntime needs at least one broadcast table")
@@ -228,6 +229,9 @@ class BroadcastRuntime:
         #: tasks per batch in :meth:`process_batch` (events are repartitioned; ``None``:
         #: as read)
         self.parallelism = parallelism
+        #: ``(table, from, to) -> reason`` to reload a table whole instead of applying its
+        #: changes (e.g. a refused version in between, :mod:`lakecast.delta.validation`)
+        self.reload_if = reload_if
 
     # -- the chain -------------------------------------------------------------------
     @property
@@ -285,9 +289,10 @@ class BroadcastRuntime:
     def refresh(self, until: Mapping[str, int] | None = None) -> list[BroadcastElement]:
         """Read broadcast elements after the current state version (up to ``until`` or the
         newest versions) and append them to the chain; returns the new elements."""
-        if self._chain and until and any(
+        if self._chain and until is not None and (any(
             v < self.version.get(t, -1) for t, v in until.items()
-        ):  # replaying an older planned batch: rebuild the state as of ``until``
+        ) or set(self.version) - set(until)):  # replaying an older planned batch: rebuild
+            # the state as of ``until`` (a table absent from it stays absent)
             self.close()
             self.version = {}
         if not self._chain:
@@ -297,13 +302,15 @@ class BroadcastRuntime:
             self._chain = [link]
             self._base_bytes = link.nbytes
             return elements
-        latest = latest_versions(self.tables, self.spark)
-        target = {t: v for t, v in latest.items() if v is not None}
-        if until:
-            target.update(until)
+        if until is None:
+            latest = latest_versions(self.tables, self.spark)
+            target = {t: v for t, v in latest.items() if v is not None}
+        else:  # pinned: exactly the planned tables and versions
+            target = dict(until)
         if all(self.version.get(t) == v for t, v in target.items()):
             return []
-        elements = read_broadcast_elements(self.spark, self.tables, self.version, target)
+        elements = read_broadcast_elements(self.spark, self.tables, self.version, target,
+                                           reload_if=self.reload_if)
         if not elements:
             return []
         for e in elements:

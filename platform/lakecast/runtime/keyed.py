@@ -265,7 +265,7 @@ class KeyedBroadcastRuntime:
         prev = dict(meta.broadcast_versions)
         latest = {t: v for t, v in latest_versions(self.tables, self.spark).items()
                   if v is not None}
-        target = {**latest, **(until or {})}
+        target = dict(until) if until is not None else latest  # pinned: absent stays absent
         if any(target.get(t, -1) < v for t, v in prev.items()):
             raise KeyedStateError(f"batch {batch_id} would move broadcast state back from "
                                   f"{prev} to {target}")

@@ -110,6 +110,9 @@ class SnapshotAware(BroadcastProcessFunction):
     def output_tags(self) -> Sequence[Any]:
         return self.inner.output_tags()
 
+    def table_contracts(self) -> Sequence[Any]:
+        return self.inner.table_contracts()
+
     def side_output_tags(self) -> list[Any]:
         return self.inner.side_output_tags()
 
