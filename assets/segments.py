@@ -15,6 +15,7 @@ events once and processes the days in order inside one Spark run.
 """
 
 import logging
+import warnings
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from dagster import (
     AssetExecutionContext,
     BackfillPolicy,
+    BetaWarning,
     DailyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
@@ -131,6 +133,13 @@ def segment_counts(spark: "SparkSession", settings: Settings) -> dict[str, int]:
     rows = delta_io.read(spark, settings.table_path(USER_SEGMENTS)).groupBy("segment").count()
     got = {r["segment"]: r["count"] for r in rows.collect()}
     return {s: int(got.get(s, 0)) for s in transforms.SEGMENTS}
+
+
+# A range of days in one Spark run is deliberate (see the module docstring), although
+# Dagster 1.13 still calls the asset's ``backfill_policy`` parameter beta: silence exactly that.
+warnings.filterwarnings(
+    "ignore", message="Parameter `backfill_policy` of function `asset`", category=BetaWarning
+)
 
 
 @asset(

@@ -10,7 +10,8 @@ from dagster import (
     in_process_executor,
 )
 
-from assets import BATCH_ASSETS, BATCH_CHECKS, DAILY_PARTITIONS
+from assets import BATCH_ASSETS, BATCH_CHECKS
+from assets.raw import RAW_GROUP
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.microbatch import (
     broadcast_versions_accepted,
@@ -18,12 +19,18 @@ from jobs.microbatch import (
     enrichment_microbatch_assets,
 )
 from jobs.sensors import broadcast_versions_sensor
-from lakecast.tables import USER_SEGMENTS
+from lakecast.tables import DIM_PRODUCTS, DIM_USERS, USER_SEGMENTS
+
+dimension_refresh_job = define_asset_job(
+    "dimension_refresh_job",
+    selection=AssetSelection.groups(RAW_GROUP) | AssetSelection.assets(DIM_USERS, DIM_PRODUCTS),
+    description="Register the raw tables, MERGE-refresh dim_users and dim_products, and run "
+    "their checks.",
+)
 
 daily_segment_refresh_job = define_asset_job(
     "daily_segment_refresh_job",
-    selection=AssetSelection.assets(USER_SEGMENTS),
-    partitions_def=DAILY_PARTITIONS,
+    selection=AssetSelection.assets(USER_SEGMENTS),  # daily partitions: from the asset
     description="Segment users for one day (or a range, in one run) and run its checks.",
     # Runs of this job MERGE into one table: a tag_concurrency_limits entry for this tag
     # (limit 1) in dagster.yaml serializes `dagster job backfill`'s per-partition runs.
@@ -44,7 +51,7 @@ defs = Definitions(
     executor=in_process_executor,
     assets=[*BATCH_ASSETS, enrichment_microbatch_assets],
     asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted],
-    jobs=[daily_segment_refresh_job, enrichment_microbatch],
+    jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch],
     schedules=[daily_segment_refresh],
     sensors=[broadcast_versions_sensor],
     resources={

@@ -18,27 +18,20 @@ import time
 from collections.abc import Sequence
 from datetime import date, timedelta
 
-from dagster import (
-    AssetSelection,
-    DagsterInstance,
-    ExecuteInProcessResult,
-    materialize,
-)
+from dagster import DagsterInstance, ExecuteInProcessResult
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
 )
 
-from assets import BATCH_ASSETS, BATCH_CHECKS
-from assets.resources import LakecastSparkResource, LakeResource
 from assets.segments import segment_counts
+from jobs.definitions import daily_segment_refresh_job, defs, dimension_refresh_job
 from jobs.demo_live import reset_demo_lake, run_live
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
-from lakecast.tables import ALL_TABLES, DIM_PRODUCTS, DIM_USERS, QUARANTINE, USER_SEGMENTS
+from lakecast.tables import ALL_TABLES, QUARANTINE
 from lakecast.tools import datagen
 
-RESOURCES = {"pyspark": LakecastSparkResource(), "lake": LakeResource()}
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
@@ -57,15 +50,11 @@ def generate_raw(settings: Settings, spec: datagen.GenSpec) -> dict[str, int]:
 
 
 def _run(
-    instance: DagsterInstance, selection: AssetSelection, tags: dict[str, str] | None = None
+    instance: DagsterInstance, job_name: str, tags: dict[str, str] | None = None
 ) -> ExecuteInProcessResult:
-    result = materialize(
-        [*BATCH_ASSETS, *BATCH_CHECKS],
-        selection=selection,
-        instance=instance,
-        resources=RESOURCES,
-        tags=tags,
-        run_config=RUN_CONFIG,
+    """Execute the named asset job of ``defs`` (its assets' checks included) in-process."""
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance, tags=tags, run_config=RUN_CONFIG
     )
     failed = [e.asset_check_key for e in result.get_asset_check_evaluations() if not e.passed]
     if failed:
@@ -74,18 +63,19 @@ def _run(
 
 
 def materialize_dimensions(instance: DagsterInstance) -> ExecuteInProcessResult:
-    """One run: raw tables (registered, not regenerated) -> dim_users, dim_products + checks."""
-    selection = AssetSelection.groups("raw") | AssetSelection.assets(DIM_USERS, DIM_PRODUCTS)
-    return _run(instance, selection)
+    """One run of ``dimension_refresh_job``: raw tables (registered, not regenerated) ->
+    dim_users, dim_products + checks."""
+    return _run(instance, dimension_refresh_job.name)
 
 
 def materialize_segments(
     instance: DagsterInstance, first_day: str, last_day: str
 ) -> ExecuteInProcessResult:
-    """One run over the partition range ``first_day``..``last_day`` (days in order) + checks."""
+    """One run of ``daily_segment_refresh_job`` over the partition range
+    ``first_day``..``last_day`` (days in order) + checks."""
     return _run(
         instance,
-        AssetSelection.assets(USER_SEGMENTS),
+        daily_segment_refresh_job.name,
         tags={ASSET_PARTITION_RANGE_START_TAG: first_day, ASSET_PARTITION_RANGE_END_TAG: last_day},
     )
 

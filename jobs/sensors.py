@@ -1,18 +1,29 @@
-"""``broadcast_versions_sensor``: start a micro-batch when the events or broadcast tables move.
+"""``broadcast_versions_sensor``: start a micro-batch when there is work for one.
 
 Each tick reads the newest Delta version of every watched table straight from
-its ``_delta_log`` (a directory listing, no Spark, no scan). When any version
-advanced past the cursor it requests ONE run of ``enrichment_microbatch`` with a
-``run_key`` derived from those versions (so a re-evaluated tick never starts a
-duplicate run) and stores the versions in the cursor. Nothing changed: no run.
-A run of the job still queued or in progress: skip without advancing the cursor
-(the instance's tag concurrency limit of 1 also guarantees no overlap).
+its ``_delta_log`` (a directory listing, no Spark, no scan). The cursor holds the
+versions seen at the last evaluation; when they are unchanged the tick skips.
+Otherwise — and whenever the cursor is missing, from another format, or names
+other tables — the sensor reads the pipeline's progress log (without Spark,
+:func:`lakecast.pipeline.progress.read_position`) and requests ONE run of
+``enrichment_microbatch`` only if there is work:
+
+- a batch was planned and not committed (a crashed run: it must be redone), or
+- the events table moved past the last committed batch's ``events_end``.
+
+A broadcast table that changed while no new event arrived is no work: the pipeline
+plans batches from new events only (it would log "no new events" and stop), so the
+new version is applied with the next events. The run's ``run_key`` is derived from
+the version vector, so Dagster never starts two runs for the same versions. A run
+of the job still queued or in progress: skip without advancing the cursor (the
+instance's tag concurrency limit of 1 also guarantees no overlap).
 """
 
 
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Mapping
 
 from dagster import (
     DagsterRunStatus,
@@ -28,6 +39,7 @@ from dagster import (
 from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, enrichment_microbatch
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_position
 
 SENSOR_INTERVAL_SECONDS = int(os.environ.get("LAKECAST_SENSOR_INTERVAL_SECONDS", "15"))
 ACTIVE = [
@@ -35,33 +47,77 @@ ACTIVE = [
     DagsterRunStatus.STARTED,
 ]  # fmt: skip
 
+Versions = dict[str, int | None]
+Position = tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]
 
-def watched_versions() -> dict[str, int | None]:
+
+def watched_tables() -> tuple[str, ...]:
+    """The events table and the broadcast tables, in the pipeline's order."""
+    return (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
+
+
+def watched_versions() -> Versions:
     """Newest Delta version of the events table and each broadcast table (None: no table)."""
     settings = get_settings()
-    tables = (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
-    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
+    return {t: delta_io.latest_version(settings.table_path(t)) for t in watched_tables()}
 
 
-def run_key_for(versions: dict[str, int | None]) -> str:
+def run_key_for(versions: Mapping[str, int | None]) -> str:
     """A stable run key for a vector of table versions."""
     canonical = json.dumps(versions, sort_keys=True, separators=(",", ":"))
     return "versions-" + hashlib.sha1(canonical.encode()).hexdigest()[:16]
+
+
+def parse_cursor(cursor: str | None, tables: Iterable[str]) -> Versions | None:
+    """The versions stored in ``cursor``, or ``None`` when it cannot be trusted: absent,
+    not JSON, not an object, tables missing or extra, or a version that is not an int
+    (or null). An untrusted cursor makes the sensor re-derive its decision from the
+    progress log instead of comparing against it."""
+    if not cursor:
+        return None
+    try:
+        value = json.loads(cursor)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or set(value) != set(tables):
+        return None
+    ok = all(v is None or (isinstance(v, int) and not isinstance(v, bool))
+             for v in value.values())  # fmt: skip
+    return value if ok else None
+
+
+def pending_work(versions: Mapping[str, int | None], position: Position) -> str | None:
+    """Why a run has work to do given the tables' ``versions`` and the pipeline's progress
+    log ``position`` (pending plan, last committed plan, its commit); ``None``: no work."""
+    pending, last, _ = position
+    if pending is not None:
+        return f"batch {pending.batch_id} was planned but not committed: redo it"
+    events = versions.get(ENRICHMENT.events_table)
+    if events is None:
+        return None
+    done = last.events_end if last is not None else -1
+    if events > done:
+        since = f"batch {last.batch_id} (v{done})" if last is not None else "no batch yet"
+        return f"{ENRICHMENT.events_table} is at v{events}; last committed: {since}"
+    return None
+
+
+def _cursor(versions: Mapping[str, int | None]) -> str:
+    return json.dumps(versions, sort_keys=True)
 
 
 @sensor(
     job=enrichment_microbatch,
     minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Requests one enrichment micro-batch when the events or broadcast tables "
-    "commit a new Delta version.",
+    description="Requests one enrichment micro-batch when the events table moved past the "
+    "last committed batch (or a crashed batch must be redone).",
 )
 def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
     versions = watched_versions()
     if versions.get(ENRICHMENT.events_table) is None:
         return SkipReason(f"no events table yet ({ENRICHMENT.events_table})")
-    previous = json.loads(context.cursor) if context.cursor else {}
-    if versions == previous:
+    if parse_cursor(context.cursor, versions) == versions:
         return SkipReason(f"no new Delta versions: {versions}")
     active = context.instance.get_run_records(
         RunsFilter(job_name=enrichment_microbatch.name, statuses=ACTIVE), limit=1
@@ -71,13 +127,18 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
             f"run {active[0].dagster_run.run_id} of {enrichment_microbatch.name} is still "
             "active; new versions will be picked up after it"
         )
-    changed = sorted(k for k, v in versions.items() if previous.get(k) != v)
-    tags = {
-        EXCLUSIVE_TAG: enrichment_microbatch.name,
-        "lakecast/versions": json.dumps(versions, sort_keys=True),
-    }
+    log_path = progress_path(get_settings().checkpoint_root, ENRICHMENT.name)
+    try:
+        reason = pending_work(versions, read_position(log_path))
+    except delta_io.DirectReadUnsupported as e:  # e.g. an object-store lake: let the run decide
+        reason = f"progress log {log_path} not readable without Spark ({e})"
+    if reason is None:
+        return SensorResult(
+            skip_reason=f"no work: the last committed batch covers {versions}",
+            cursor=_cursor(versions),
+        )
+    tags = {EXCLUSIVE_TAG: enrichment_microbatch.name, "lakecast/versions": _cursor(versions)}
     return SensorResult(
         run_requests=[RunRequest(run_key=run_key_for(versions), tags=tags)],
-        cursor=json.dumps(versions, sort_keys=True),
-        dynamic_partitions_requests=None,
-    ) if changed else SkipReason("no change")
+        cursor=_cursor(versions),
+    )

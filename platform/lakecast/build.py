@@ -23,7 +23,7 @@ from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
-from lakecast.pipeline.progress import ProgressLog
+from lakecast.pipeline.progress import ProgressLog, progress_path
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
 from lakecast.snapshots.checkpointer import Checkpointer
 from lakecast.snapshots.runtime import SnapshottingRuntime
@@ -49,7 +49,7 @@ def broadcast_pipeline(
     """A broadcast pipeline over ``spec``'s tables. ``checkpoint_every``: checkpoint the
     broadcast state every N committed batches (``None``: never); ``keep_checkpoints``:
     retention; ``runtime_options`` go to the runtime (``timestamp_column``, ...)."""
-    log = ProgressLog(spark, f"{checkpoint_root}/{spec.name}/progress", spec.name)
+    log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
     store = SnapshotStore(spark, f"{checkpoint_root}/{spec.name}/snapshots", spec.name)
     checkpointer = (Checkpointer(store, log, every=checkpoint_every, keep=keep_checkpoints)
                     if checkpoint_every else None)
@@ -76,7 +76,7 @@ def keyed_pipeline(
     ``runtime_options`` go to the runtime (``key_groups``, ``timestamp_column``, ...)."""
     if spec.state_table is None:
         raise ValueError(f"{spec.name}: a keyed pipeline needs spec.state_table")
-    log = ProgressLog(spark, f"{checkpoint_root}/{spec.name}/progress", spec.name)
+    log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
     runtime = KeyedBroadcastRuntime(spark, function, tables, table_path(spec.state_table),
                                     **runtime_options)

@@ -30,7 +30,7 @@ from lakecast.tables import (
     RAW_USERS,
     USER_SEGMENTS,
 )
-from lakecast.tools import datagen
+from lakecast.tools import datagen, producer
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 
@@ -244,7 +244,7 @@ def test_generator_is_deterministic_and_appends_events(spark, lake):
     datagen.generate(spark, lake, spec)
     n_before = delta_io.read(spark, lake.table_path(EVENTS)).count()
     max_id = int(_pdf(spark, lake, EVENTS)["event_id"].max())
-    res = datagen.append_events(spark, lake, 500, day=date(2026, 1, 3))
+    res = producer.append_events(spark, lake, 500, day=date(2026, 1, 3))
     assert res.first_event_id == max_id + 1 and 0 < res.rows <= 500
     events = _pdf(spark, lake, EVENTS)
     assert len(events) == n_before + res.rows

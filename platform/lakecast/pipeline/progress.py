@@ -120,8 +120,14 @@ class ProgressLog:
 
     def state(self) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
         """All plans (by batch id) and commits."""
+        return self.parse_rows(self._rows())
+
+    @staticmethod
+    def parse_rows(rows: list[dict[str, Any]]) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
+        """:meth:`state` of log rows read elsewhere (e.g. without Spark:
+        :func:`read_position`)."""
         plans, commits = {}, {}
-        for r in self._rows():
+        for r in rows:
             if r["kind"] == "plan":
                 plans[r["batch_id"]] = BatchPlan(
                     r["batch_id"], r["events_start"], r["events_end"],
@@ -186,3 +192,22 @@ class ProgressLog:
     @staticmethod
     def as_dict(obj: BatchPlan | BatchCommit) -> dict[str, Any]:
         return asdict(obj)
+
+
+def progress_path(checkpoint_root: str, pipeline: str) -> str:
+    """Where pipeline ``pipeline`` keeps its progress log (under the checkpoint root)."""
+    return f"{checkpoint_root}/{pipeline}/progress"
+
+
+def read_position(path: str) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
+    """:meth:`ProgressLog.position` of the log at ``path``, read without Spark (for sensors):
+    the log's Delta files are read with pyarrow. ``(None, None, None)`` if there is no log.
+
+    Raises :class:`lakecast.delta.io.DirectReadUnsupported` when the log cannot be read
+    without Spark (e.g. a URI path).
+    """
+    version = delta_io.latest_version(path)
+    if version is None:
+        return None, None, None
+    rows = delta_io.table_files(path, version).read().to_pylist()
+    return ProgressLog.position_of(*ProgressLog.parse_rows(rows))

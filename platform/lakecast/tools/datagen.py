@@ -109,17 +109,6 @@ class GenSpec:
 
 
 @dataclass(frozen=True)
-class AppendResult:
-    """Outcome of :func:`append_events` (ids are a range; some ids in it are unused)."""
-
-    first_event_id: int
-    last_event_id: int
-    rows: int
-    day: date
-    version: int
-
-
-@dataclass(frozen=True)
 class RefreshResult:
     """Raw rows changed by :func:`refresh_dimensions` (per table: updated, deleted, inserted)."""
 
@@ -265,8 +254,9 @@ def events_frame(
 
     Users and products are skewed (low ids are more active), ~10% of events are
     purchases. Event times fall inside their ``ingest_day``. Events a user would
-    make before signing up or after churning are dropped, so there are slightly
-    fewer than ``n`` rows (``users_start``/``users_days`` must match the users').
+    make before signing up or after churning are dropped (~35% of users churn by the end
+    of the users' window, so for later days about a third of the ids are dropped), so
+    there are fewer than ``n`` rows (``users_start``/``users_days`` must match the users').
     """
     from pyspark.sql import functions as F
 
@@ -341,49 +331,12 @@ def generate(
     }
 
 
-def _max_id(spark: SparkSession, path: str, column: str) -> int:
+def max_id(spark: SparkSession, path: str, column: str) -> int:
+    """The largest ``column`` value of the table at ``path`` (0 when empty)."""
     from pyspark.sql import functions as F
 
     value = delta_io.read(spark, path).agg(F.max(column)).first()[0]
     return int(value) if value is not None else 0
-
-
-def append_events(
-    spark: SparkSession,
-    settings: Settings | None = None,
-    n: int = 1_000,
-    *,
-    seed: int = DEFAULT_SEED,
-    start_event_id: int | None = None,
-    day: date | None = None,
-    txn: tuple[str, int] | None = None,
-    bad_rate: float = 1.0,
-) -> AppendResult:
-    """Append ``n`` new events for ``day`` (default: today, UTC) — the live producer.
-
-    Ids continue after the table's largest ``event_id`` unless ``start_event_id``
-    is given; users and products are drawn from the raw tables' id ranges.
-    ``txn=(app_id, version)`` makes a retried append a no-op (see ``delta_io.write``).
-    """
-    settings = settings or get_settings()
-    path = settings.table_path(EVENTS)
-    if start_event_id is None:
-        start_event_id = _max_id(spark, path, "event_id") + 1 if delta_io.table_exists(path) else 0
-    day = day or datetime.now(UTC).date()
-    df = events_frame(
-        spark,
-        n,
-        seed,
-        n_users=max(1, _max_id(spark, settings.table_path(RAW_USERS), "user_id")),
-        n_products=max(1, _max_id(spark, settings.table_path(RAW_PRODUCTS), "product_id")),
-        start_event_id=start_event_id,
-        first_day=day,
-        days=1,
-        bad_rate=bad_rate,
-    )
-    version = delta_io.write(df, path, partition_by=("ingest_day",), txn=txn)
-    rows = int(delta_io.commit_info(path, version, spark).metrics.get("numOutputRows", 0))
-    return AppendResult(start_event_id, start_event_id + n - 1, rows, day, version)
 
 
 def _refresh_table(
@@ -437,8 +390,8 @@ def refresh_dimensions(
     settings = settings or get_settings()
     users_path = settings.table_path(RAW_USERS)
     products_path = settings.table_path(RAW_PRODUCTS)
-    n_users = _max_id(spark, users_path, "user_id")
-    n_products = _max_id(spark, products_path, "product_id")
+    n_users = max_id(spark, users_path, "user_id")
+    n_products = max_id(spark, products_path, "product_id")
     n_new_users = max(1, round(n_users * fraction / 5))
     n_new_products = max(1, round(n_products * fraction / 5))
     salt = 1_000 + seed
