@@ -32,9 +32,9 @@ from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.build import broadcast_pipeline
 from lakecast.config import Settings, get_settings
-from lakecast.errors import LakecastError
 from lakecast.delta.source import latest_versions
 from lakecast.delta.validation import VersionGate
+from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
