@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         start_new_session=True)
     from lakecast.spark import get_spark
     from lakecast.tables import EVENTS
-    from lakecast.tools import datagen, flags
+    from lakecast.tools import flags, producer
 
     latencies: list[float] = []
     try:
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         events_path = settings.table_path(EVENTS)
         for i in range(args.commits):
             t_next = time.monotonic() + args.every
-            res = datagen.append_events(spark, settings, args.events, seed=5000 + i)
+            res = producer.append_events(spark, settings, args.events, seed=5000 + i)
             committed = _commit_ms(events_path, res.version)
             done = _wait_for_batch(settings, res.version, timeout=max(args.every, 120))
             lat = None if done is None else (done - committed) / 1000

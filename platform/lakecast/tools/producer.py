@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
+from lakecast.spark import local_checkpoint
 from lakecast.tables import EVENTS, RAW_PRODUCTS, RAW_USERS
 from lakecast.tools.datagen import DEFAULT_SEED, events_frame, max_id
 
@@ -70,7 +71,7 @@ def append_events(
     if start_event_id is None:
         start_event_id = max_id(spark, path, "event_id") + 1 if delta_io.table_exists(path) else 0
     day = day or datetime.now(UTC).date()
-    df = events_frame(
+    df = local_checkpoint(events_frame(
         spark,
         n,
         seed,
@@ -80,7 +81,7 @@ def append_events(
         first_day=day,
         days=1,
         bad_rate=bad_rate,
-    ).localCheckpoint()  # the rows counted are the rows written
+    ))  # the rows counted are the rows written
     stats = df.agg(F.count(F.lit(1)), F.count_distinct("event_id"), F.min("event_id"),
                    F.max("event_id")).first()  # fmt: skip
     rows, distinct = int(stats[0]), int(stats[1])
