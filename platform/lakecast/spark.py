@@ -170,12 +170,14 @@ def is_connect(spark: SparkSession) -> bool:
 def _activate(spark: SparkSession) -> None:
     """Make ``spark`` this thread's active Spark Connect session.
 
-    PySpark 4 builds the result of ``localCheckpoint()`` on the *active* session; a
-    process holding several Connect sessions must activate the frame's own first.
+    PySpark 4 builds the result of ``localCheckpoint()`` on the thread's *active* session
+    (``conversion.proto_to_remote_cached_dataframe``), and its own setter keeps the first
+    session ever made active: a process holding several Connect sessions must set the
+    frame's own first. The one place Lakecast touches PySpark's session registry.
     """
-    setter = getattr(type(spark), "_set_default_and_active_session", None)
-    if setter is not None:
-        setter(spark)
+    registry = getattr(type(spark), "_active_session", None)
+    if registry is not None:
+        registry.session = spark
 
 
 def local_checkpoint(frame: DataFrame) -> DataFrame:

@@ -10,7 +10,13 @@ import pytest
 
 from lakecast.delta import io as delta_io
 from lakecast.server import Server
-from lakecast.spark import default_parallelism, get_spark, is_connect, session_id_for
+from lakecast.spark import (
+    default_parallelism,
+    get_spark,
+    is_connect,
+    local_checkpoint,
+    session_id_for,
+)
 
 pytestmark = [pytest.mark.connect]
 
@@ -56,3 +62,11 @@ def test_sessions_are_stable_per_name_and_lake(connect_lake):
     assert a.session_id == session_id_for(connect_lake, "pipeline:x")
     assert get_spark(settings=connect_lake, session="pipeline:x") is a
     assert get_spark(settings=connect_lake, session="pipeline:y").session_id != a.session_id
+
+
+def test_local_checkpoint_works_on_any_of_a_process_s_connect_sessions(connect_lake):
+    first, second = get_spark(settings=connect_lake), get_spark(settings=connect_lake)
+    assert first.session_id != second.session_id
+    for spark in (second, first, second):
+        frame = local_checkpoint(spark.range(7).where("id % 2 = 0"))
+        assert sorted(r.id for r in frame.collect()) == [0, 2, 4, 6]
