@@ -80,9 +80,16 @@ class ProgressLog:
         self.pipeline = pipeline
 
     def _rows(self) -> list[dict[str, Any]]:
-        if delta_io.latest_version(self.path, self.spark) is None:
+        """The log's rows: read from its Parquet files without a Spark job when the table
+        allows it (a local path, no deletion vectors), else with Spark."""
+        version = delta_io.latest_version(self.path, self.spark)
+        if version is None:
             return []
-        return [r.asDict() for r in delta_io.read(self.spark, self.path).collect()]
+        try:
+            return delta_io.table_files(self.path, version).read().to_pylist()
+        except delta_io.DirectReadUnsupported:
+            return [r.asDict() for r in delta_io.read(self.spark, self.path,
+                                                      version=version).collect()]
 
     def _append(self, row: dict[str, Any], kind: str) -> None:
         row = {c: row.get(c) for c in PROGRESS_COLUMNS}
