@@ -90,8 +90,8 @@ def _wait_for_batch(settings, events_version: int, timeout: float) -> int | None
     while time.monotonic() < deadline:
         plans, commits = log.state()
         by_id = {p.batch_id: p for p in plans}
-        for c in sorted(commits, key=lambda c: c.batch_id):
-            p = by_id.get(c.batch_id)
+        for batch_id, c in sorted(commits.items()):
+            p = by_id.get(batch_id)
             if p is not None and p.events_end >= events_version:
                 v = c.output_versions.get(ENRICHED_EVENTS)
                 if v is not None and v >= 0:
