@@ -181,7 +181,7 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
     assert store.checkpoint_ids() == [0, 2]
     old = delta_io.read(spark, store.path, version=before).where("checkpoint_id = 1").count()
     assert old == cp1.header.parallelism * 2 + 1 + sum(
-        m.n_entries for m in cp1.manifest if m.task == 0)  # time travel still has it
+        m.stored_rows for m in cp1.manifest if m.task == 0)  # time travel still has it
 
 
 def test_restore_timestamps_are_parsed_as_utc():

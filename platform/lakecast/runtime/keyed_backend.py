@@ -391,7 +391,13 @@ def encode_key(key: Hashable, entry: KeyEntry) -> bytes:
 
 def decode_key(blob: bytes, descriptors: Mapping[str, AnyDescriptor]) -> tuple[Hashable, KeyEntry]:
     """Inverse of :func:`encode_key`; states no longer declared are dropped."""
-    data = typed.loads(blob)  # typed JSON: data, never code
+    try:
+        data = typed.loads(blob)  # typed JSON: data, never code
+    except ValueError as e:
+        raise ValueError(
+            f"a keyed state row is not typed JSON ({e}): it was written by an older Lakecast "
+            "(pickled) or tampered with, and is never unpickled; rebuild the keyed state "
+            "table (rewind or reset the pipeline)") from None
     entry = KeyEntry(timers={(d, int(t)) for d, t in data["t"]})
     for name, raw in data["s"].items():
         d = descriptors.get(name)

@@ -64,7 +64,8 @@ def is_damaged_read(exc: BaseException) -> bool:
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The informative line of a (long, multi-line) Spark error message."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    for ln in lines:
-        if any(m in ln for m in DAMAGED_READ_MARKERS):
-            return ln[:limit]
+    for marker in DAMAGED_READ_MARKERS:  # Spark's error condition first
+        for ln in lines:
+            if marker in ln and not ln.startswith("at "):
+                return ln[:limit]
     return (lines[0] if lines else type(exc).__name__)[:limit]
