@@ -8,10 +8,12 @@
 - :mod:`~lakecast.api.read_only`    the read-only view ``process_element`` sees
 - :mod:`~lakecast.api.frozen`       deep-frozen values
 - :mod:`~lakecast.api.enrich`       declarative vectorized enrichment (Lookup, enrich)
+- :mod:`~lakecast.api.contracts`    TableContract: what each broadcast version must satisfy
 - :mod:`~lakecast.api.keyed`        KeyedBroadcastProcessFunction, keyed contexts, timers
 - :mod:`~lakecast.api.keyed_state`  keyed state descriptors, TTL, schema evolution
 """
 
+from lakecast.api.contracts import BroadcastVersionRefused, TableContract
 from lakecast.api.descriptors import (
     HELD,
     UNMATCHED,
@@ -51,11 +53,11 @@ from lakecast.api.table_state import TableMapState
 __all__ = [
     "HELD", "UNMATCHED", "AggregateFunction", "AggregatingStateDescriptor",
     "BroadcastElement", "BroadcastOrderError", "BroadcastProcessFunction", "BroadcastState",
-    "Context", "DictMapState", "Enrichment", "FrozenDict", "FrozenList",
-    "KeyedBroadcastProcessFunction", "KeyedContext", "KeyedReadOnlyContext",
+    "BroadcastVersionRefused", "Context", "DictMapState", "Enrichment", "FrozenDict",
+    "FrozenList", "KeyedBroadcastProcessFunction", "KeyedContext", "KeyedReadOnlyContext",
     "ListStateDescriptor", "Lookup", "MapStateDescriptor", "OnTimerContext", "OutputTag",
     "ReadOnlyBroadcastState", "ReadOnlyContext", "ReadOnlyStateError",
     "ReducingStateDescriptor", "StateDeclarationError", "StateSchemaError", "StateTtlConfig",
-    "StateVisibility", "TableMapState", "TimeDomain", "TimerRegistrationError", "UpdateType",
-    "ValueStateDescriptor", "enrich", "order_elements",
+    "StateVisibility", "TableContract", "TableMapState", "TimeDomain",
+    "TimerRegistrationError", "UpdateType", "ValueStateDescriptor", "enrich", "order_elements",
 ]

@@ -5,6 +5,8 @@
 - :mod:`~lakecast.delta.log`     the Delta log read without Spark (versions, commit info,
   CDF files, a version's active files)
 - :mod:`~lakecast.delta.source`  Delta versions -> ordered broadcast elements
+- :mod:`~lakecast.delta.validation`  VersionGate: broadcast versions checked against the
+  function's table contracts before they touch task state
 """
 
 from lakecast.delta.source import (
@@ -13,5 +15,7 @@ from lakecast.delta.source import (
     latest_versions,
     read_broadcast_elements,
 )
+from lakecast.delta.validation import RefusedVersion, VersionGate
 
-__all__ = ["CdfUnavailable", "DeltaFilesElement", "latest_versions", "read_broadcast_elements"]
+__all__ = ["CdfUnavailable", "DeltaFilesElement", "RefusedVersion", "VersionGate",
+           "latest_versions", "read_broadcast_elements"]
