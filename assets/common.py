@@ -5,27 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dagster import MetadataValue, TableColumn, TableSchema
+from dagster import MetadataValue
 
+from assets.columns import COLUMN_SCHEMA, describe
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.tables import QUARANTINE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 QUARANTINE_PARTITION_BY = ("asset",)
-
-
-def table_schema(schema: StructType) -> TableSchema:
-    """A Dagster ``TableSchema`` from a Spark schema."""
-    return TableSchema(
-        columns=[
-            TableColumn(name=f.name, type=f.dataType.simpleString(), description=None)
-            for f in schema.fields
-        ]
-    )
 
 
 def table_metadata(
@@ -36,7 +26,7 @@ def table_metadata(
     df = delta_io.read(spark, path)
     return {
         "dagster/row_count": df.count(),
-        "dagster/column_schema": table_schema(df.schema),
+        COLUMN_SCHEMA: describe(df.schema, name),
         "dagster/uri": MetadataValue.path(path),
         "delta_version": delta_io.latest_version(path, spark),
         **(extra or {}),

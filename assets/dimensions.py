@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from assets import transforms
+from assets.columns import column_metadata
 from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.delta import io as delta_io
@@ -78,6 +79,7 @@ def refresh_dimension(
 
 @asset(
     name=DIM_USERS,
+    metadata=column_metadata(DIM_USERS),
     deps=[RAW_USERS],
     group_name=DIM_GROUP,
     kinds={"spark", "delta"},
@@ -95,6 +97,7 @@ def dim_users(
 
 @asset(
     name=DIM_PRODUCTS,
+    metadata=column_metadata(DIM_PRODUCTS),
     deps=[RAW_PRODUCTS],
     group_name=DIM_GROUP,
     kinds={"spark", "delta"},

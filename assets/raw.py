@@ -5,6 +5,7 @@ from datetime import date
 
 from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult, multi_asset
 
+from assets.columns import column_metadata
 from assets.common import table_metadata
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.delta import io as delta_io
@@ -30,19 +31,23 @@ class RawDataConfig(Config):
             RAW_USERS,
             group_name=RAW_GROUP,
             kinds={"spark", "delta"},
+            metadata=column_metadata(RAW_USERS),
             description="Raw users as delivered (string timestamps, some malformed rows).",
         ),
         AssetSpec(
             RAW_PRODUCTS,
             group_name=RAW_GROUP,
             kinds={"spark", "delta"},
+            metadata=column_metadata(RAW_PRODUCTS),
             description="Raw product catalog as delivered (some malformed rows).",
         ),
         AssetSpec(
             EVENTS,
             group_name=RAW_GROUP,
             kinds={"spark", "delta"},
-            description="Raw user events, partitioned by ingest_day (some malformed rows).",
+            metadata=column_metadata(EVENTS),
+            description="Raw user events, appended by the producer (some malformed rows). "
+            "The Delta table is stored by ingest_day; the asset has no Dagster partitions.",
         ),
     ],
     name="raw_tables",

@@ -31,6 +31,7 @@ from dagster import (
 )
 
 from assets import transforms
+from assets.columns import column_metadata
 from assets.common import table_metadata, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
@@ -144,6 +145,7 @@ warnings.filterwarnings(
 
 @asset(
     name=USER_SEGMENTS,
+    metadata=column_metadata(USER_SEGMENTS),
     deps=[EVENTS, DIM_USERS, DIM_PRODUCTS],
     partitions_def=DAILY_PARTITIONS,
     backfill_policy=BackfillPolicy.single_run(),

@@ -28,6 +28,7 @@ from dagster import (
     multi_asset,
 )
 
+from assets.columns import column_metadata
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.build import broadcast_pipeline
@@ -124,6 +125,7 @@ _SPECS = [
               kinds={"spark", "delta"},
               description="Side output: malformed events, with the reason."),
 ]  # fmt: skip
+_SPECS = [s.merge_attributes(metadata=column_metadata(s.key.to_user_string())) for s in _SPECS]
 
 
 @multi_asset(specs=_SPECS, name="enrichment_microbatch_assets", can_subset=False)

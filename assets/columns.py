@@ -1,0 +1,129 @@
+"""Column descriptions of every Delta table the Dagster assets stand for — the one list.
+
+Assets declare ``dagster/column_schema`` from it (:func:`column_schema`: the UI shows
+the columns before the first materialization), and materializations report the table's
+actual Spark schema with these descriptions (:func:`describe`). A test compares both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dagster import TableColumn, TableSchema
+
+from lakecast.tables import (
+    DIM_PRODUCTS,
+    DIM_USERS,
+    EVENTS,
+    RAW_PRODUCTS,
+    RAW_USERS,
+    USER_SEGMENTS,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+COLUMN_SCHEMA = "dagster/column_schema"
+
+Column = tuple[str, str, str]  # name, Spark type (simpleString), description
+
+_RAW_EVENT: tuple[Column, ...] = (
+    ("event_id", "bigint", "Event id, unique per event (exact duplicates are malformed rows)."),
+    ("user_id", "bigint", "The user who acted (null or unknown in malformed rows)."),
+    ("product_id", "bigint", "The product acted on (unknown ids in malformed rows)."),
+    ("event_type", "string", "view, add_to_cart or purchase."),
+    ("amount", "double", "Amount in the shop's currency (a purchase's price paid)."),
+    ("event_time", "string", "When it happened, UTC, as 'yyyy-MM-dd HH:mm:ss' text."),
+    ("device", "string", "web, ios or android."),
+    ("ingest_day", "string", "UTC day the producer appended it (yyyy-MM-dd); the Delta "
+                             "table's physical partition column, not a Dagster partition."),
+)  # fmt: skip
+
+_ENRICHMENT: tuple[Column, ...] = (
+    ("event_ts", "timestamp", "event_time parsed as a UTC timestamp."),
+    ("product_category", "string", "The product's category in dim_products (broadcast state)."),
+    ("product_price", "decimal(10,2)", "The product's price in dim_products (broadcast state)."),
+    ("segment", "string", "The user's segment in user_segments (NEW when not segmented yet)."),
+    ("vip_discount_pct", "double", "Percent off for VIP users while the vip_discount feature "
+                                   "flag is enabled, else 0."),
+    ("_state_version", "string", "JSON {table: Delta version} of the broadcast state that "
+                                 "enriched the row (lineage; time travel reproduces it)."),
+)  # fmt: skip
+
+COLUMNS: dict[str, tuple[Column, ...]] = {
+    RAW_USERS: (
+        ("user_id", "bigint", "User id (null in malformed rows)."),
+        ("name", "string", "Display name."),
+        ("email", "string", "E-mail address."),
+        ("country", "string", "ISO 3166 alpha-2 country code."),
+        ("signup_ts", "string", "Sign-up time, UTC, as 'yyyy-MM-dd HH:mm:ss' text "
+                                "(unparsable in malformed rows)."),
+    ),
+    RAW_PRODUCTS: (
+        ("product_id", "bigint", "Product id (null in malformed rows)."),
+        ("name", "string", "Product name."),
+        ("category", "string", "Catalog category."),
+        ("price", "double", "List price (negative or NaN in malformed rows)."),
+    ),
+    EVENTS: _RAW_EVENT,
+    DIM_USERS: (
+        ("user_id", "bigint", "User id, unique and not null."),
+        ("name", "string", "Display name."),
+        ("email", "string", "E-mail address."),
+        ("country", "string", "ISO 3166 alpha-2 country code."),
+        ("signup_ts", "timestamp", "Sign-up time (UTC)."),
+        ("signup_date", "date", "Sign-up day (UTC)."),
+    ),
+    DIM_PRODUCTS: (
+        ("product_id", "bigint", "Product id, unique and not null."),
+        ("name", "string", "Product name."),
+        ("category", "string", "Catalog category."),
+        ("price", "decimal(10,2)", "List price, >= 0."),
+    ),
+    USER_SEGMENTS: (
+        ("user_id", "bigint", "User id (users signed up by the partition day)."),
+        ("segment", "string", "VIP, NEW, CHURNING or REGULAR (rules: assets/transforms.py)."),
+        ("recency_days", "int", "Days from the last event's day to the partition day "
+                                "(null: no event yet)."),
+        ("frequency", "bigint", "Accepted events up to the end of the partition day."),
+        ("monetary", "decimal(18,2)", "Sum of purchase amounts to date (lifetime value)."),
+        ("purchases", "bigint", "Purchases to date."),
+        ("interests", "array<string>", "Top 3 categories by event count (ties by name)."),
+        ("last_event_at", "timestamp", "Time of the last accepted event (null: none)."),
+        ("tenure_days", "int", "Days from sign-up to the partition day."),
+        ("updated_day", "date", "The partition day that last changed this row."),
+    ),
+    "enriched_events": (*_RAW_EVENT, *_ENRICHMENT),
+    "enrichment_unmatched": (
+        *_RAW_EVENT,
+        ("event_ts", "timestamp", "event_time parsed as a UTC timestamp."),
+        ("_state_version", "string", "JSON {table: Delta version} of the broadcast state "
+                                     "that found no match."),
+    ),
+    "enrichment_rejected": (
+        ("reason", "string", "Why the event was rejected (e.g. null_user_id, bad_event_time)."),
+        ("raw_record", "string", "The raw event as JSON."),
+        ("batch_id", "int", "The micro-batch that read it (enrichment progress log)."),
+    ),
+}  # fmt: skip
+
+
+def column_schema(table: str) -> TableSchema:
+    """The declared schema of ``table``, with a description per column."""
+    return TableSchema(columns=[TableColumn(name=n, type=t, description=d)
+                                for n, t, d in COLUMNS[table]])  # fmt: skip
+
+
+def column_metadata(table: str) -> dict[str, Any]:
+    """Definition metadata for ``table``'s asset: its declared column schema."""
+    return {COLUMN_SCHEMA: column_schema(table)}
+
+
+def describe(schema: StructType, table: str | None = None) -> TableSchema:
+    """A Dagster ``TableSchema`` of a Spark schema, described from :data:`COLUMNS`
+    (a column not listed there has no description)."""
+    known = {n: d for n, _, d in COLUMNS.get(table or "", ())}
+    return TableSchema(columns=[
+        TableColumn(name=f.name, type=f.dataType.simpleString(), description=known.get(f.name))
+        for f in schema.fields
+    ])  # fmt: skip
