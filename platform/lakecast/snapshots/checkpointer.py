@@ -83,7 +83,7 @@ class Checkpointer:
         self.removed: list[int] = []
         self._last: int | None = None
         self._abandoned: set[int] = set()
-        self.sync()
+        self._synced = False  # read on first use: a run with nothing to do reads nothing
 
     def sync(self) -> None:
         """Re-read which batches rewinds abandoned (their checkpoints are not restorable)."""
@@ -91,15 +91,23 @@ class Checkpointer:
         ids = [h.checkpoint_id for h in self.store.headers()
                if h.checkpoint_id not in self._abandoned]
         self._last = max(ids) if ids else None
+        self._synced = True
+
+    def _ensure_synced(self) -> None:
+        if not self._synced:
+            self.sync()
 
     def eligible(self, checkpoint_id: int) -> bool:
+        self._ensure_synced()
         return checkpoint_id not in self._abandoned
 
     def due(self, plan: BatchPlan) -> bool:
+        self._ensure_synced()
         return self._last is None or plan.batch_id - self._last >= self.every
 
     def record(self, result: CheckpointResult, pinned: set[int]) -> None:
         """Remember a checkpoint just taken, then apply retention."""
+        self._ensure_synced()
         self.results.append(result)
         self._last = result.header.batch_id
         log.info("checkpoint %s", describe(result))
