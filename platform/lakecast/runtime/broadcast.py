@@ -40,6 +40,7 @@ import pyarrow as pa
 from lakecast.api.descriptors import HELD, UNMATCHED, OutputTag
 from lakecast.api.element import CHANGE_TYPE, BroadcastElement
 from lakecast.api.functions import BroadcastProcessFunction
+from lakecast.delta.log import DeltaIOError, commit_info
 from lakecast.delta.source import latest_versions, read_broadcast_elements
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import TASK_SIDE
@@ -217,7 +218,7 @@ class BroadcastRuntime:
         # the worker cache's key: a given id is stable across processes (warm state
         # survives a new driver on the same Spark Connect session), qualified by the
         # tables read and the function's code so no other pipeline or code can match it
-        self.function_id = (f"{function_id}@{function_identity(function, self.tables)}"
+        self.function_id = (f"{function_id}@{function_identity(function, self.tables, spark)}"
                             if function_id else
                             f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}")
         self.version: dict[str, int] = {}
@@ -424,8 +425,11 @@ class BroadcastRuntime:
         self._chain = []
 
 
-def function_identity(function: object, tables: Mapping[str, str]) -> str:
-    """A digest of ``function``'s class source and the broadcast tables' paths."""
+def function_identity(function: object, tables: Mapping[str, str],
+                      spark: SparkSession | None = None) -> str:
+    """A digest of ``function``'s class source and the broadcast tables: their paths and
+    when each was created (a table deleted and created again restarts its versions, so
+    the same version numbers must not match state cached from the old one)."""
     import hashlib
     import inspect
 
@@ -433,8 +437,14 @@ def function_identity(function: object, tables: Mapping[str, str]) -> str:
         source = inspect.getsource(type(function))
     except (OSError, TypeError):  # defined interactively: its name must do
         source = type(function).__qualname__
-    text = source + "\n" + "\n".join(f"{k}={v}" for k, v in sorted(tables.items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    lines = [source]
+    for name, path in sorted(tables.items()):
+        try:
+            created: object = commit_info(path, 0, spark).timestamp_ms
+        except (DeltaIOError, OSError):  # no table yet, or its first commit was cleaned up
+            created = "-"
+        lines.append(f"{name}={path}@{created}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
 
 ArrowMapFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
