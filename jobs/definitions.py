@@ -13,6 +13,7 @@ from dagster import (
 from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.raw import RAW_GROUP
 from assets.resources import LakecastSparkResource, LakeResource
+from jobs.continuous import enrichment_continuous
 from jobs.microbatch import (
     broadcast_versions_accepted,
     enrichment_microbatch,
@@ -51,7 +52,8 @@ defs = Definitions(
     executor=in_process_executor,
     assets=[*BATCH_ASSETS, enrichment_microbatch_assets],
     asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted],
-    jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch],
+    jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
+          enrichment_continuous],
     schedules=[daily_segment_refresh],
     sensors=[broadcast_versions_sensor],
     resources={

@@ -13,105 +13,52 @@ The same pipeline runs without Dagster: ``python -m jobs.microbatch [--max-batch
 import argparse
 import json
 import sys
-from collections.abc import Iterator
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
     AssetSpec,
+    Config,
     MaterializeResult,
     MetadataValue,
     asset_check,
     define_asset_job,
     multi_asset,
 )
+from pydantic import Field
 
 from assets.columns import column_metadata
 from assets.resources import LakecastSparkResource, LakeResource
-from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
-from lakecast.build import broadcast_pipeline
+from jobs.batch_metadata import record_batch, record_missed, result_metadata
+from jobs.enrichment import StorefrontEnrichment
+from jobs.enrichment_pipeline import (
+    ENRICHED_EVENTS,
+    ENRICHMENT,
+    ENRICHMENT_REJECTED,
+    ENRICHMENT_UNMATCHED,
+    EXCLUSIVE_TAG,
+    VERSIONS_TAG,
+    build_pipeline,
+    refused_versions,
+    summarize,
+)
+from jobs.runs import MICROBATCH_JOB, refuse_second_writer
 from lakecast.config import Settings, get_settings
+from lakecast.delta import io as delta_io
 from lakecast.delta.source import latest_versions
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
-from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
+from lakecast.pipeline.micro_batch import BatchResult
+from lakecast.pipeline.progress import BatchPlan
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-ENRICHED_EVENTS = "enriched_events"
-ENRICHMENT_UNMATCHED = "enrichment_unmatched"
-ENRICHMENT_REJECTED = "enrichment_rejected"
-EXCLUSIVE_TAG = "lakecast/exclusive"
-
-ENRICHMENT = PipelineSpec(
-    name="enrichment",
-    events_table=EVENTS,
-    broadcast_tables=(DIM_PRODUCTS, USER_SEGMENTS, FEATURE_FLAGS),
-    output_table=ENRICHED_EVENTS,
-    side_outputs={"unmatched": ENRICHMENT_UNMATCHED},
-    rejected_table=ENRICHMENT_REJECTED,
-)
-
-
-def build_pipeline(
-    spark: "SparkSession",
-    settings: Settings,
-    max_versions_per_batch: int | None = None,
-    *,
-    parallelism: int | None = None,
-    checkpoint_every: int | None = 1,
-    keep_checkpoints: int | None = 10,
-    function_id: str = "storefront-enrichment",
-) -> MicroBatchPipeline:
-    """The enrichment pipeline over the lake of ``settings``, built whole
-    (:func:`lakecast.build.broadcast_pipeline`).
-
-    ``parallelism``: tasks per batch (events are repartitioned; default: as read) and per
-    checkpoint. ``checkpoint_every``: checkpoint the broadcast state every N committed
-    batches (``None``: never); ``keep_checkpoints``: retention. A cold start restores the
-    state from the newest complete checkpoint (see ``docs/snapshots.md``).
-    """
-    return broadcast_pipeline(
-        spark, replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch),
-        StorefrontEnrichment(), table_path=settings.table_path,
-        checkpoint_root=settings.checkpoint_root, validator=validate_events,
-        parallelism=parallelism, checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints, timestamp_column="event_ts",
-        function_id=function_id,
-    )
-
-
-def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
-    """Numeric totals of a run's batches (Dagster plots them over time)."""
-    total: dict[str, float | int | str] = {
-        "batches": len(results),
-        "events_in": sum(r.counts["events_in"] for r in results),
-        "enriched": sum(r.counts.get("enriched", 0) for r in results),
-        "unmatched": sum(r.counts.get("unmatched", 0) for r in results),
-        "rejected": sum(r.counts.get("rejected", 0) for r in results),
-        "broadcast_elements": sum(r.broadcast_elements for r in results),
-        "broadcast_rows": sum(r.broadcast_rows for r in results),
-        "broadcast_updates_applied": sum(r.updates_applied for r in results),
-        "batch_seconds_max": round(max((r.seconds for r in results), default=0.0), 3),
-        # tasks that built their state from scratch (0 in a run whose state stayed warm)
-        "first_batch_cold_tasks": results[0].cold_tasks if results else 0,
-        "cold_tasks": sum(r.cold_tasks for r in results),
-        "refused_versions_count": len(refused_versions(results)),
-        "full_reloads_count": sum(len(r.full_reloads) for r in results),
-    }
-    if results:
-        last = results[-1]
-        total["state_version"] = json.dumps(last.state_version, sort_keys=True)
-        total["state_bytes_per_task"] = last.state_bytes_per_task
-        total["parallelism"] = last.parallelism
-        total["last_batch_id"] = last.plan.batch_id
-        total["events_version"] = last.plan.events_end
-    return total
-
+__all__ = [
+    "ENRICHED_EVENTS", "ENRICHMENT", "ENRICHMENT_REJECTED", "ENRICHMENT_UNMATCHED",
+    "EXCLUSIVE_TAG", "VERSIONS_TAG", "broadcast_versions_accepted", "build_pipeline",
+    "enrichment_microbatch", "enrichment_microbatch_assets", "main", "summarize",
+]  # fmt: skip
 
 _SPECS = [
     AssetSpec(ENRICHED_EVENTS, deps=[EVENTS, DIM_PRODUCTS, USER_SEGMENTS], skippable=True,
@@ -128,57 +75,85 @@ _SPECS = [
 _SPECS = [s.merge_attributes(metadata=column_metadata(s.key.to_user_string())) for s in _SPECS]
 
 
+class MicroBatchRunConfig(Config):
+    """Bounds of one run of ``enrichment_microbatch`` (a batch is never cut short)."""
+
+    max_batches: int | None = Field(
+        default=None, description="Stop after this many batches (default: no limit).")
+    max_seconds: float | None = Field(
+        default=600.0, description="Start no batch after this many seconds (None: no limit).")
+    max_versions_per_batch: int | None = Field(
+        default=None, description="Events versions one batch reads at most (default: all "
+        "the run processes, in one batch).")
+    follow: bool = Field(
+        default=False, description="Also process what commits while the run is going "
+        "(until caught up); by default a run processes the versions it was requested for.")
+
+
+def requested_versions(tags: Mapping[str, str], settings: Settings) -> dict[str, int | None]:
+    """The table versions a run processes: those in its ``lakecast/versions`` tag (set by
+    the sensor), else the newest committed when it starts (read from the Delta logs)."""
+    raw = tags.get(VERSIONS_TAG)
+    if raw:
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise LakecastError(f"run tag {VERSIONS_TAG}={raw!r} is not JSON: {e}; remove "
+                                f"the tag to process what is committed now") from e
+        if isinstance(value, dict):
+            return {str(t): None if v is None else int(v) for t, v in value.items()}
+    tables = (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
+    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
+
+
 @multi_asset(specs=_SPECS, name="enrichment_microbatch_assets", can_subset=False)
 def enrichment_microbatch_assets(
-    context: AssetExecutionContext, pyspark: LakecastSparkResource, lake: LakeResource
+    context: AssetExecutionContext, config: MicroBatchRunConfig,
+    pyspark: LakecastSparkResource, lake: LakeResource,
 ) -> Iterator[MaterializeResult]:
-    """Run micro-batches until caught up with the events table."""
+    """Run the micro-batches for the versions the run was requested for, then end.
+
+    Every committed batch is recorded as a materialization of the three outputs as soon as
+    the next one starts (:mod:`jobs.batch_metadata`); the last one is the step's result,
+    with the run's totals (``run_*``)."""
+    refuse_second_writer(context.instance, context.run_id, MICROBATCH_JOB)
     settings = lake.settings()
-    pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings)
+    record_missed(context, settings)
+    until = None if config.follow else requested_versions(context.run.tags, settings)
+    pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings,
+                              config.max_versions_per_batch)
+    held: list[BatchResult] = []
 
-    def log(r: BatchResult) -> None:
-        context.log.info(
-            f"batch {r.plan.batch_id}{' (redone)' if r.redone else ''}: events versions "
-            f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
-            f"counts {r.counts} in {r.seconds:.1f}s"
-        )
-        for ref in r.refused_versions:
-            context.log.warning(f"refused {ref['table']}@v{ref['version']}: "
-                                + "; ".join(ref["reasons"]))
+    def before_batch(plan: BatchPlan) -> None:
+        if held:  # the previous batch is committed: show it now
+            record_batch(context, settings, held.pop())
 
-    results = pipeline.run(on_batch=log)
+    def on_batch(r: BatchResult) -> None:
+        log_batch(context.log, r)
+        held.append(r)
+
+    results = pipeline.run(max_batches=config.max_batches, max_seconds=config.max_seconds,
+                           until=until, on_batch=on_batch, before_batch=before_batch)
     if not results:
-        context.log.info("no new events since the last committed batch")
+        context.log.info(f"no new events since the last committed batch (up to {until})")
         return
-    totals = summarize(results)
-    checkpoints = [r.checkpoint for r in results if r.checkpoint]
-    if checkpoints:
-        last = checkpoints[-1]
-        totals["last_checkpoint_id"] = last["checkpoint_id"]
-        totals["checkpoint_stored_bytes"] = last["stored_bytes"]
-        totals["checkpoint_p_x_state_bytes"] = last["p_x_state_bytes"]
-    for check in (r.state_check for r in results if r.state_check):
-        totals.update(check)  # state hashes verified; what a cold start restored / skipped
-    for key, count_key in (
-        (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
-        (ENRICHMENT_REJECTED, "rejected"),
-    ):  # fmt: skip
-        meta: dict[str, object] = {k: v for k, v in totals.items()}
-        meta["dagster/row_count"] = int(totals[count_key])
-        meta["state_version"] = MetadataValue.json(results[-1].state_version)
+    totals = {f"run_{k}": v for k, v in summarize(results).items()}
+    for asset, meta in result_metadata(settings, held.pop()).items():
+        meta.update(totals)
         meta["refused_versions"] = MetadataValue.json(refused_versions(results))
-        meta["full_reloads"] = MetadataValue.json(
-            [f for r in results for f in r.full_reloads])
-        yield MaterializeResult(asset_key=key, metadata=meta)
+        meta["full_reloads"] = MetadataValue.json([f for r in results for f in r.full_reloads])
+        yield MaterializeResult(asset_key=asset, metadata=meta)
 
 
-def refused_versions(results: list[BatchResult]) -> list[dict[str, object]]:
-    """The broadcast versions refused during a run (each once), with their reasons."""
-    seen: dict[tuple[str, int], dict[str, object]] = {}
-    for r in results:
-        for ref in r.refused_versions:
-            seen.setdefault((ref["table"], ref["version"]), ref)
-    return [seen[k] for k in sorted(seen)]
+def log_batch(log: Any, r: BatchResult) -> None:
+    """One line per batch in the run's log (and one warning per refused version)."""
+    log.info(
+        f"batch {r.plan.batch_id}{' (redone)' if r.redone else ''}: events versions "
+        f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
+        f"counts {r.counts} in {r.seconds:.1f}s"
+    )
+    for ref in r.refused_versions:
+        log.warning(f"refused {ref['table']}@v{ref['version']}: " + "; ".join(ref["reasons"]))
 
 
 @asset_check(
@@ -206,7 +181,7 @@ def broadcast_versions_accepted(pyspark: LakecastSparkResource, lake: LakeResour
 
 
 enrichment_microbatch = define_asset_job(
-    "enrichment_microbatch",
+    MICROBATCH_JOB,
     selection=[s.key for s in _SPECS],
     tags={EXCLUSIVE_TAG: "enrichment_microbatch"},
     description="Enrich new events with the current broadcast state, exactly once.",

@@ -15,8 +15,10 @@ A broadcast table that changed while no new event arrived is no work: the pipeli
 plans batches from new events only (it would log "no new events" and stop), so the
 new version is applied with the next events. The run's ``run_key`` is derived from
 the version vector, so Dagster never starts two runs for the same versions. A run
-of the job still queued or in progress: skip without advancing the cursor (the
-instance's tag concurrency limit of 1 also guarantees no overlap).
+of the job still queued or in progress, or an active ``enrichment_continuous`` run
+(continuous mode, :mod:`jobs.continuous`): skip without advancing the cursor (the
+instance's tag concurrency limit of 1 also guarantees no overlap). A requested run
+processes the versions in its ``lakecast/versions`` tag and ends.
 """
 
 
@@ -26,26 +28,21 @@ import os
 from collections.abc import Iterable, Mapping
 
 from dagster import (
-    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
-    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
     sensor,
 )
 
-from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, enrichment_microbatch
+from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, VERSIONS_TAG, enrichment_microbatch
+from jobs.runs import WRITER_JOBS, active_runs
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_position
 
 SENSOR_INTERVAL_SECONDS = int(os.environ.get("LAKECAST_SENSOR_INTERVAL_SECONDS", "15"))
-ACTIVE = [
-    DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]  # fmt: skip
 
 Versions = dict[str, int | None]
 Position = tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]
@@ -119,13 +116,11 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
         return SkipReason(f"no events table yet ({ENRICHMENT.events_table})")
     if parse_cursor(context.cursor, versions) == versions:
         return SkipReason(f"no new Delta versions: {versions}")
-    active = context.instance.get_run_records(
-        RunsFilter(job_name=enrichment_microbatch.name, statuses=ACTIVE), limit=1
-    )
+    active = active_runs(context.instance, WRITER_JOBS)
     if active:
         return SkipReason(
-            f"run {active[0].dagster_run.run_id} of {enrichment_microbatch.name} is still "
-            "active; new versions will be picked up after it"
+            f"run {active[0].run_id} of {active[0].job_name} is still active; new versions "
+            "will be picked up by it or after it"
         )
     log_path = progress_path(get_settings().checkpoint_root, ENRICHMENT.name)
     try:
@@ -137,7 +132,7 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
             skip_reason=f"no work: the last committed batch covers {versions}",
             cursor=_cursor(versions),
         )
-    tags = {EXCLUSIVE_TAG: enrichment_microbatch.name, "lakecast/versions": _cursor(versions)}
+    tags = {EXCLUSIVE_TAG: enrichment_microbatch.name, VERSIONS_TAG: _cursor(versions)}
     return SensorResult(
         run_requests=[RunRequest(run_key=run_key_for(versions), tags=tags)],
         cursor=_cursor(versions),

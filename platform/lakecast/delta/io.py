@@ -23,6 +23,7 @@ from lakecast.delta.log import (
     commit_info,
     latest_version,
     read_changes_from_log,
+    row_count,
     table_exists,
     table_files,
     txn_versions,
@@ -286,6 +287,7 @@ __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
     "TableFiles", "commit_info", "delete", "history", "is_conflict", "latest_version",
     "merge_keyed_state", "merge_upsert", "read", "read_changes", "read_changes_from_log",
-    "replace_where", "restore_version", "retry_on_conflict", "table_exists", "table_files",
+    "replace_where", "restore_version", "retry_on_conflict", "row_count", "table_exists",
+    "table_files",
     "table_properties", "table_ref", "txn_versions", "write",
 ]

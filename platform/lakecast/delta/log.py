@@ -376,3 +376,25 @@ def table_files(path: str, version: int, *, large_types: bool = False) -> TableF
             raise DirectReadUnsupported(f"{f}: file schema does not convert: {e}") from e
         files.append(str(f))
     return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes)
+
+
+def row_count(path: str, version: int) -> int | None:
+    """Rows in version ``version`` of the table at ``path``, from the ``numRecords`` file
+    statistics in its log (minus deletion-vector cardinalities), without reading data
+    files; ``None`` when a file has no statistics or the log cannot be read directly."""
+    if _is_uri(path):
+        return None
+    try:
+        adds, _, _ = _replay(path, version, _log_names(path, None))
+    except (DirectReadUnsupported, OSError):
+        return None
+    total = 0
+    for a in adds.values():
+        stats = a.get("stats")
+        if not stats:
+            return None
+        n = json.loads(stats).get("numRecords")
+        if n is None:
+            return None
+        total += int(n) - int((a.get("deletionVector") or {}).get("cardinality", 0))
+    return total

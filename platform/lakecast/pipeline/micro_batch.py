@@ -120,6 +120,8 @@ class BatchResult:
     refused_versions: list[dict[str, Any]] = field(default_factory=list)
     #: tables reloaded whole instead of applying their changes: ``{table, version, reason}``
     full_reloads: list[dict[str, Any]] = field(default_factory=list)
+    #: the Delta version of every output table after the batch's commit
+    output_versions: dict[str, int] = field(default_factory=dict)
 
     @property
     def events_in(self) -> int:
@@ -177,14 +179,24 @@ class MicroBatchPipeline:
                 bvs[t] = v
         return events, bvs
 
-    def next_plan(self) -> tuple[BatchPlan | None, bool]:
-        """The batch to run next and whether it redoes a crashed one; ``None`` if idle."""
+    def next_plan(self, until: Mapping[str, int | None] | None = None
+                  ) -> tuple[BatchPlan | None, bool]:
+        """The batch to run next and whether it redoes a crashed one; ``None`` if idle.
+
+        ``until`` bounds the plan to table versions (e.g. those a run was requested for):
+        events past ``until[events_table]`` and broadcast versions past ``until[table]``
+        are left to a later batch (a broadcast table never goes back behind what the
+        last batch applied). A crashed batch is redone whatever the bound.
+        """
         plans, commits = self.log.state()
         pending, last, _ = ProgressLog.position_of(plans, commits)
         if pending is not None:
             return pending, True
         events_end, bvs = self.current_versions()
         start = last.events_end if last else -1
+        if until is not None:
+            events_end, bvs = _bounded(events_end, bvs, until, self.spec.events_table,
+                                       last.broadcast_versions if last else {})
         if events_end is None or events_end <= start:
             return None, False
         if self.spec.max_versions_per_batch:
@@ -292,8 +304,9 @@ class MicroBatchPipeline:
             result.unpersist()
             checked.unpersist()
         _crash_point("outputs_written", plan.batch_id)
+        output_versions = self.output_versions()
         self.log.write_commit(BatchCommit(plan.batch_id, counts,
-                                          output_versions=self.output_versions()))
+                                          output_versions=output_versions))
         summary = metrics.summary()
         batch = BatchResult(
             plan, counts, time.perf_counter() - t0, redone,
@@ -310,6 +323,7 @@ class MicroBatchPipeline:
                 {"table": e.table, "version": e.version, "reason": e.meta["full_reload"]}
                 for e in result.new_elements if (getattr(e, "meta", None) or {}).get(
                     "full_reload")],
+            output_versions=output_versions,
         )
         checkpoint = self.runtime.after_commit(plan)
         return replace(batch, checkpoint=checkpoint) if checkpoint else batch
@@ -339,20 +353,47 @@ class MicroBatchPipeline:
     # -- driver ---------------------------------------------------------------
 
     def run(self, max_batches: int | None = None,
-            on_batch: Callable[[BatchResult], None] | None = None) -> list[BatchResult]:
-        """Run batches until caught up (or ``max_batches``); return what each did."""
+            on_batch: Callable[[BatchResult], None] | None = None, *,
+            until: Mapping[str, int | None] | None = None,
+            max_seconds: float | None = None,
+            before_batch: Callable[[BatchPlan], None] | None = None) -> list[BatchResult]:
+        """Run batches until caught up — with the tables, or with ``until`` (table →
+        version, see :meth:`next_plan`) — or until ``max_batches`` ran or ``max_seconds``
+        passed (checked between batches; a batch is never cut short). ``before_batch`` is
+        called with each plan before it runs, ``on_batch`` with each result."""
         results: list[BatchResult] = []
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
         while max_batches is None or len(results) < max_batches:
-            plan, redone = self.next_plan()
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            plan, redone = self.next_plan(until)
             if plan is None:
                 break
             if plan.is_restore:  # a rewind interrupted before its rollback finished
                 finish_rewind(self.spark, self.log, self.table_path, plan)
                 self.runtime.on_rewind(plan)
                 continue
+            if before_batch is not None:
+                before_batch(plan)
             result = self.run_batch(plan, redone)
             results.append(result)
             if on_batch is not None:
                 on_batch(result)
         return results
 
+
+def _bounded(events_end: int | None, bvs: dict[str, int], until: Mapping[str, int | None],
+             events_table: str, applied: Mapping[str, int]
+             ) -> tuple[int | None, dict[str, int]]:
+    """``events_end`` and ``bvs`` capped at ``until`` (broadcast tables: never behind
+    ``applied``; a table ``until`` does not name, or names as ``None``, is not capped)."""
+    cap = until.get(events_table)
+    if events_end is not None and cap is not None:
+        events_end = min(events_end, cap)
+    out = {}
+    for table, version in bvs.items():
+        limit = until.get(table)
+        if limit is not None:
+            version = max(min(version, limit), applied.get(table, -1))
+        out[table] = version
+    return events_end, out

@@ -206,15 +206,20 @@ def progress_path(checkpoint_root: str, pipeline: str) -> str:
     return f"{checkpoint_root}/{pipeline}/progress"
 
 
-def read_position(path: str) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
-    """:meth:`ProgressLog.position` of the log at ``path``, read without Spark (for sensors):
-    the log's Delta files are read with pyarrow. ``(None, None, None)`` if there is no log.
+def read_log(path: str) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
+    """Every plan and commit of the log at ``path`` (:meth:`ProgressLog.state`), read
+    without Spark: the log's Delta files are read with pyarrow. Empty if there is no log.
 
     Raises :class:`lakecast.delta.io.DirectReadUnsupported` when the log cannot be read
     without Spark (e.g. a URI path).
     """
     version = delta_io.latest_version(path)
     if version is None:
-        return None, None, None
-    rows = delta_io.table_files(path, version).read().to_pylist()
-    return ProgressLog.position_of(*ProgressLog.parse_rows(rows))
+        return [], {}
+    return ProgressLog.parse_rows(delta_io.table_files(path, version).read().to_pylist())
+
+
+def read_position(path: str) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
+    """:meth:`ProgressLog.position` of the log at ``path``, read without Spark (for sensors,
+    see :func:`read_log`). ``(None, None, None)`` if there is no log."""
+    return ProgressLog.position_of(*read_log(path))

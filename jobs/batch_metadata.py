@@ -1,0 +1,135 @@
+"""One Dagster materialization per committed micro-batch, for each output asset.
+
+Both enrichment jobs record every batch they commit as a materialization of
+``enriched_events``, ``enrichment_unmatched`` and ``enrichment_rejected`` while the
+run is in progress, with that batch's metadata (so the UI plots per batch, and a run
+killed after N batches still shows those N):
+
+- ``batch_id``, ``events_start``/``events_end`` (the events versions ``(start, end]``),
+  ``state_version`` (broadcast table → Delta version), ``batch_rows`` (rows this batch
+  wrote to the asset) and the batch's ``events_in``/``enriched``/``unmatched``/``rejected``;
+- ``dagster/row_count``: rows in the table after the batch's commit (from the Delta
+  log's file statistics, no scan);
+- ``batch_seconds`` and ``commit_to_output_seconds``: from the commit of the oldest
+  events version in the batch to the commit of the batch's main output (and
+  ``newest_commit_to_output_seconds`` from the newest one).
+
+A batch committed by a run that died before recording it (``kill -9`` between the
+commit and the event) is recorded by the next run, from the progress log, with
+``recovered = true``: :func:`record_missed`.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
+
+from jobs.enrichment_pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
+from lakecast.config import Settings
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.micro_batch import BatchResult
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
+
+
+def _commit_seconds(path: str, version: int) -> float | None:
+    try:
+        return delta_io.commit_info(path, version).timestamp_ms / 1000.0
+    except delta_io.DeltaIOError:
+        return None
+
+
+def batch_metadata(
+    settings: Settings,
+    plan: BatchPlan,
+    counts: Mapping[str, int],
+    output_versions: Mapping[str, int],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Metadata of one committed batch, per output asset (see the module docstring)."""
+    events_path = settings.table_path(ENRICHMENT.events_table)
+    oldest = _commit_seconds(events_path, max(plan.events_start + 1, 0))
+    newest = _commit_seconds(events_path, plan.events_end)
+    main_version = output_versions.get(ENRICHED_EVENTS, -1)
+    written = (_commit_seconds(settings.table_path(ENRICHED_EVENTS), main_version)
+               if main_version >= 0 else None)
+    common: dict[str, Any] = {
+        "batch_id": plan.batch_id,
+        "events_start": plan.events_start,
+        "events_end": plan.events_end,
+        "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
+        **{k: int(counts.get(k, 0)) for k in ("events_in", "enriched", "unmatched",
+                                                "rejected")},
+    }
+    if written is not None and oldest is not None and newest is not None:
+        common["commit_to_output_seconds"] = round(written - oldest, 3)
+        common["newest_commit_to_output_seconds"] = round(written - newest, 3)
+    common.update(extra or {})
+    out: dict[str, dict[str, Any]] = {}
+    for asset, count_key in OUTPUTS:
+        meta = dict(common)
+        meta["batch_rows"] = int(counts.get(count_key, 0))
+        version = output_versions.get(asset, -1)
+        if version >= 0:
+            meta["delta_version"] = version
+            rows = delta_io.row_count(settings.table_path(asset), version)
+            if rows is not None:
+                meta["dagster/row_count"] = rows
+        out[asset] = meta
+    return out
+
+
+def result_metadata(settings: Settings, result: BatchResult) -> dict[str, dict[str, Any]]:
+    """:func:`batch_metadata` of a batch this process just ran."""
+    extra: dict[str, Any] = {
+        "batch_seconds": round(result.seconds, 3),
+        "redone": result.redone,
+        "cold_tasks": result.cold_tasks,
+        "parallelism": result.parallelism,
+        "state_bytes_per_task": result.state_bytes_per_task,
+        "broadcast_updates_applied": result.updates_applied,
+        "refused_versions_count": len(result.refused_versions),
+    }
+    if result.checkpoint:
+        extra["checkpoint_id"] = result.checkpoint["checkpoint_id"]
+        extra["checkpoint_stored_bytes"] = result.checkpoint["stored_bytes"]
+    extra.update(result.state_check or {})  # state hashes verified; what a restore did
+    return batch_metadata(settings, result.plan, result.counts, result.output_versions, extra)
+
+
+def record_batch(context: OpExecutionContext, settings: Settings, result: BatchResult) -> None:
+    """Log one materialization per output asset for ``result`` (while the run goes on)."""
+    for asset, meta in result_metadata(settings, result).items():
+        context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
+
+
+def last_recorded_batch(context: OpExecutionContext) -> int | None:
+    """The ``batch_id`` of the newest materialization of the main output (``None``: none,
+    or one from before batches were recorded one by one)."""
+    event = context.instance.get_latest_materialization_event(AssetKey(ENRICHED_EVENTS))
+    mat = event.asset_materialization if event is not None else None
+    value = mat.metadata.get("batch_id") if mat is not None else None
+    return int(value.value) if value is not None else None
+
+
+def record_missed(context: OpExecutionContext, settings: Settings) -> int:
+    """Record the committed batches newer than the last recorded one (a run killed after
+    its commit and before its event); returns how many were recorded."""
+    last = last_recorded_batch(context)
+    if last is None:
+        return 0
+    try:
+        plans, commits = read_log(progress_path(settings.checkpoint_root, ENRICHMENT.name))
+    except delta_io.DirectReadUnsupported:
+        return 0
+    by_id = {p.batch_id: p for p in plans if not p.is_restore}
+    missed: list[tuple[BatchPlan, BatchCommit]] = [
+        (by_id[i], commits[i]) for i in sorted(commits) if i > last and i in by_id]
+    for plan, commit in missed:
+        metas = batch_metadata(settings, plan, commit.counts, commit.output_versions,
+                               {"recovered": True})
+        for asset, meta in metas.items():
+            context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
+    if missed:
+        context.log.info(f"recorded {len(missed)} committed batch(es) that an earlier run "
+                         f"did not record: {[p.batch_id for p, _ in missed]}")
+    return len(missed)

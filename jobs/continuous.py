@@ -1,0 +1,122 @@
+"""``enrichment_continuous``: one long run that enriches each events commit as it lands.
+
+For freshness, where ``enrichment_microbatch`` (a run per sensor tick) is too slow: the
+run keeps one warm Spark session — its tasks' broadcast state stays warm — watches the
+Delta logs of the events and broadcast tables without Spark (a directory listing every
+``poll_seconds``) and starts a batch as soon as a new version commits. Each committed
+batch is one materialization of the three output assets (:mod:`jobs.batch_metadata`).
+
+It stops between two batches when the run is terminated from the UI (a batch that an
+interrupt cuts short commits nothing and is redone, with the same plan, by the next run
+of either job) and after ``max_seconds``. While it is active the sensor requests no
+``enrichment_microbatch`` run, and a run of either job that starts beside it is refused
+(:mod:`jobs.runs`).
+
+Without the UI: ``dagster job execute -m jobs.definitions -j enrichment_continuous
+--config-json '{"ops": {"enrichment_continuous_loop": {"config": {"max_seconds": 600}}}}'``.
+"""
+
+import time
+from typing import Any
+
+from dagster import (
+    Config,
+    DagsterRunStatus,
+    OpExecutionContext,
+    Out,
+    Output,
+    job,
+    op,
+)
+from pydantic import Field
+
+from assets.resources import LakecastSparkResource, LakeResource
+from jobs.batch_metadata import record_batch, record_missed
+from jobs.enrichment_pipeline import ENRICHMENT, build_pipeline, summarize
+from jobs.microbatch import log_batch
+from jobs.runs import CONTINUOUS_JOB, refuse_second_writer
+from lakecast.config import Settings
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.micro_batch import BatchResult
+from lakecast.spark import is_connect
+
+
+class ContinuousConfig(Config):
+    """How long the continuous run lasts and how often it looks at the Delta logs."""
+
+    max_seconds: float = Field(default=3600.0, description="End the run after this long "
+                               "(checked between batches).")
+    poll_seconds: float = Field(default=0.25, description="How often to list the Delta "
+                                "logs for new versions while idle.")
+    max_batches: int | None = Field(default=None, description="End after this many batches.")
+
+
+def table_versions(settings: Settings) -> dict[str, int | None]:
+    """Newest version of the events and broadcast tables (``_delta_log`` listings)."""
+    tables = (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
+    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
+
+
+def _terminating(context: OpExecutionContext) -> bool:
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.status == DagsterRunStatus.CANCELING
+
+
+@op(
+    out=Out(dict, description="The run's totals (also in its log)."),
+    description="Enrich every new events commit as soon as it lands, until terminated or "
+                "max_seconds.",
+)
+def enrichment_continuous_loop(
+    context: OpExecutionContext, config: ContinuousConfig, pyspark: LakecastSparkResource,
+    lake: LakeResource,
+) -> Any:
+    refuse_second_writer(context.instance, context.run_id, CONTINUOUS_JOB)
+    settings = lake.settings()
+    record_missed(context, settings)
+    spark = pyspark.session_for(ENRICHMENT.name)
+    pipeline = build_pipeline(spark, settings)
+    results: list[BatchResult] = []
+    deadline = time.monotonic() + config.max_seconds
+    seen: dict[str, int | None] | None = None
+    next_status_check = 0.0
+    context.log.info(f"watching {list(table_versions(settings))} for up to "
+                     f"{config.max_seconds:.0f}s")
+    try:
+        while time.monotonic() < deadline:
+            if config.max_batches is not None and len(results) >= config.max_batches:
+                break
+            now = time.monotonic()
+            if now >= next_status_check:  # the UI's Terminate: stop between two batches
+                if _terminating(context):
+                    context.log.info("terminated: stopping between two batches")
+                    break
+                next_status_check = now + 1.0
+            versions = table_versions(settings)
+            if versions == seen:
+                time.sleep(config.poll_seconds)
+                continue
+            done = pipeline.run(max_batches=1, on_batch=lambda r: log_batch(context.log, r))
+            if not done:  # nothing to do at these versions (e.g. a broadcast-only change)
+                seen = versions
+                continue
+            record_batch(context, settings, done[0])
+            results += done
+    except BaseException:
+        if is_connect(spark):  # do not leave the batch's jobs running on the server
+            spark.interruptAll()
+        raise
+    totals = summarize(results)
+    context.log.info(f"continuous run ends: {totals}")
+    return Output(totals, metadata={k: v for k, v in totals.items()
+                                    if isinstance(v, int | float)})
+
+
+@job(
+    name=CONTINUOUS_JOB,
+    description="Continuous mode: one warm run that enriches each events commit as it lands "
+                "(see jobs/continuous.py). Terminate it from the UI to stop.",
+    tags={"lakecast/exclusive": CONTINUOUS_JOB},
+)
+def enrichment_continuous() -> None:
+    enrichment_continuous_loop()

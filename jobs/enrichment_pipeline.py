@@ -1,0 +1,104 @@
+"""The storefront enrichment pipeline: its tables, how it is built, and run totals.
+
+Shared by the sensor-triggered job (:mod:`jobs.microbatch`), the continuous job
+(:mod:`jobs.continuous`), their metadata (:mod:`jobs.batch_metadata`) and the sensor.
+"""
+
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
+from lakecast.build import broadcast_pipeline
+from lakecast.config import Settings
+from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
+from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ENRICHED_EVENTS = "enriched_events"
+ENRICHMENT_UNMATCHED = "enrichment_unmatched"
+ENRICHMENT_REJECTED = "enrichment_rejected"
+EXCLUSIVE_TAG = "lakecast/exclusive"
+#: run tag with the table versions a sensor-requested run processes (JSON: table → version)
+VERSIONS_TAG = "lakecast/versions"
+#: (asset, count key) of every output table, main output first
+OUTPUTS = (
+    (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
+    (ENRICHMENT_REJECTED, "rejected"),
+)  # fmt: skip
+
+ENRICHMENT = PipelineSpec(
+    name="enrichment",
+    events_table=EVENTS,
+    broadcast_tables=(DIM_PRODUCTS, USER_SEGMENTS, FEATURE_FLAGS),
+    output_table=ENRICHED_EVENTS,
+    side_outputs={"unmatched": ENRICHMENT_UNMATCHED},
+    rejected_table=ENRICHMENT_REJECTED,
+)
+
+
+def build_pipeline(
+    spark: "SparkSession",
+    settings: Settings,
+    max_versions_per_batch: int | None = None,
+    *,
+    parallelism: int | None = None,
+    checkpoint_every: int | None = 1,
+    keep_checkpoints: int | None = 10,
+    function_id: str = "storefront-enrichment",
+) -> MicroBatchPipeline:
+    """The enrichment pipeline over the lake of ``settings``, built whole
+    (:func:`lakecast.build.broadcast_pipeline`).
+
+    ``parallelism``: tasks per batch (events are repartitioned; default: as read) and per
+    checkpoint. ``checkpoint_every``: checkpoint the broadcast state every N committed
+    batches (``None``: never); ``keep_checkpoints``: retention. A cold start restores the
+    state from the newest complete checkpoint (see ``docs/snapshots.md``).
+    """
+    return broadcast_pipeline(
+        spark, replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch),
+        StorefrontEnrichment(), table_path=settings.table_path,
+        checkpoint_root=settings.checkpoint_root, validator=validate_events,
+        parallelism=parallelism, checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints, timestamp_column="event_ts",
+        function_id=function_id,
+    )
+
+
+def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
+    """Numeric totals of a run's batches (Dagster plots them over time)."""
+    total: dict[str, float | int | str] = {
+        "batches": len(results),
+        "events_in": sum(r.counts["events_in"] for r in results),
+        "enriched": sum(r.counts.get("enriched", 0) for r in results),
+        "unmatched": sum(r.counts.get("unmatched", 0) for r in results),
+        "rejected": sum(r.counts.get("rejected", 0) for r in results),
+        "broadcast_elements": sum(r.broadcast_elements for r in results),
+        "broadcast_rows": sum(r.broadcast_rows for r in results),
+        "broadcast_updates_applied": sum(r.updates_applied for r in results),
+        "batch_seconds_max": round(max((r.seconds for r in results), default=0.0), 3),
+        # tasks that built their state from scratch (0 in a run whose state stayed warm)
+        "first_batch_cold_tasks": results[0].cold_tasks if results else 0,
+        "cold_tasks": sum(r.cold_tasks for r in results),
+        "refused_versions_count": len(refused_versions(results)),
+        "full_reloads_count": sum(len(r.full_reloads) for r in results),
+    }
+    if results:
+        last = results[-1]
+        total["state_version"] = json.dumps(last.state_version, sort_keys=True)
+        total["state_bytes_per_task"] = last.state_bytes_per_task
+        total["parallelism"] = last.parallelism
+        total["last_batch_id"] = last.plan.batch_id
+        total["events_version"] = last.plan.events_end
+    return total
+
+
+def refused_versions(results: list[BatchResult]) -> list[dict[str, object]]:
+    """The broadcast versions refused during a run (each once), with their reasons."""
+    seen: dict[tuple[str, int], dict[str, object]] = {}
+    for r in results:
+        for ref in r.refused_versions:
+            seen.setdefault((ref["table"], ref["version"]), ref)
+    return [seen[k] for k in sorted(seen)]
