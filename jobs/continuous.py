@@ -17,7 +17,6 @@ Without the UI: ``dagster job execute -m jobs.definitions -j enrichment_continuo
 """
 
 import time
-from typing import Any
 
 from dagster import (
     Config,
@@ -70,7 +69,7 @@ def _terminating(context: OpExecutionContext) -> bool:
 def enrichment_continuous_loop(
     context: OpExecutionContext, config: ContinuousConfig, pyspark: LakecastSparkResource,
     lake: LakeResource,
-) -> Any:
+) -> Output[dict]:
     refuse_second_writer(context.instance, context.run_id, CONTINUOUS_JOB)
     settings = lake.settings()
     record_missed(context, settings)

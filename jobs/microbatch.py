@@ -116,7 +116,7 @@ def enrichment_microbatch_assets(
     Every committed batch is recorded as a materialization of the three outputs as soon as
     the next one starts (:mod:`jobs.batch_metadata`); the last one is the step's result,
     with the run's totals (``run_*``)."""
-    refuse_second_writer(context.instance, context.run_id, MICROBATCH_JOB)
+    refuse_second_writer(context.instance, context.run.run_id, MICROBATCH_JOB)
     settings = lake.settings()
     record_missed(context, settings)
     until = None if config.follow else requested_versions(context.run.tags, settings)
