@@ -6,20 +6,26 @@ Delta logs of the events and broadcast tables without Spark (a directory listing
 ``poll_seconds``) and starts a batch as soon as a new version commits. Each committed
 batch is one materialization of the three output assets (:mod:`jobs.batch_metadata`).
 
-It stops between two batches when the run is terminated from the UI (a batch that an
-interrupt cuts short commits nothing and is redone, with the same plan, by the next run
-of either job) and after ``max_seconds``. While it is active the sensor requests no
+It stops between two batches when the run is terminated from the UI: Dagster's interrupt
+(SIGINT/SIGTERM to the run worker) is held while a batch runs, so the batch in progress
+commits whole, then the run ends as canceled. It also ends after ``max_seconds``. A
+``kill -9`` cuts a batch short: it committed nothing, and the next run of either job
+redoes it with the same plan. While it is active the sensor requests no
 ``enrichment_microbatch`` run, and a run of either job that starts beside it is refused
 (:mod:`jobs.runs`).
 
 Without the UI: ``dagster job execute -m jobs.definitions -j enrichment_continuous
---config-json '{"ops": {"enrichment_continuous_loop": {"config": {"max_seconds": 600}}}}'``.
+--config run.yaml`` (``ops: {enrichment_continuous_loop: {config: {max_seconds: 600}}}``).
 """
 
+import signal
+import threading
 import time
+from types import TracebackType
 
 from dagster import (
     Config,
+    DagsterExecutionInterruptedError,
     DagsterRunStatus,
     OpExecutionContext,
     Out,
@@ -56,6 +62,30 @@ def table_versions(settings: Settings) -> dict[str, int | None]:
     return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
 
 
+class StopRequest:
+    """While entered (main thread only), SIGINT and SIGTERM set :attr:`requested` instead of
+    interrupting: the loop finishes the batch in progress, then stops."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._saved: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.requested = True
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
 def _terminating(context: OpExecutionContext) -> bool:
     run = context.instance.get_run_by_id(context.run_id)
     return run is not None and run.status == DagsterRunStatus.CANCELING
@@ -81,30 +111,36 @@ def enrichment_continuous_loop(
     next_status_check = 0.0
     context.log.info(f"watching {list(table_versions(settings))} for up to "
                      f"{config.max_seconds:.0f}s")
-    try:
-        while time.monotonic() < deadline:
-            if config.max_batches is not None and len(results) >= config.max_batches:
-                break
-            now = time.monotonic()
-            if now >= next_status_check:  # the UI's Terminate: stop between two batches
-                if _terminating(context):
-                    context.log.info("terminated: stopping between two batches")
+    with StopRequest() as stop:
+        try:
+            while time.monotonic() < deadline and not stop.requested:
+                if config.max_batches is not None and len(results) >= config.max_batches:
                     break
-                next_status_check = now + 1.0
-            versions = table_versions(settings)
-            if versions == seen:
-                time.sleep(config.poll_seconds)
-                continue
-            done = pipeline.run(max_batches=1, on_batch=lambda r: log_batch(context.log, r))
-            if not done:  # nothing to do at these versions (e.g. a broadcast-only change)
-                seen = versions
-                continue
-            record_batch(context, settings, done[0])
-            results += done
-    except BaseException:
-        if is_connect(spark):  # do not leave the batch's jobs running on the server
-            spark.interruptAll()
-        raise
+                now = time.monotonic()
+                if now >= next_status_check:  # the UI's Terminate, seen in the run's status
+                    if _terminating(context):
+                        context.log.info("terminated: stopping between two batches")
+                        break
+                    next_status_check = now + 1.0
+                versions = table_versions(settings)
+                if versions == seen:
+                    time.sleep(config.poll_seconds)
+                    continue
+                done = pipeline.run(max_batches=1,
+                                    on_batch=lambda r: log_batch(context.log, r))
+                if not done:  # nothing to do at these versions (e.g. broadcast-only change)
+                    seen = versions
+                    continue
+                record_batch(context, settings, done[0])
+                results += done
+        except BaseException:
+            if is_connect(spark):  # do not leave the batch's jobs running on the server
+                spark.interruptAll()
+            raise
+    if stop.requested:
+        context.log.info(f"interrupted after {len(results)} batch(es), none cut short: "
+                         f"{summarize(results)}")
+        raise DagsterExecutionInterruptedError()
     totals = summarize(results)
     context.log.info(f"continuous run ends: {totals}")
     return Output(totals, metadata={k: v for k, v in totals.items()
