@@ -20,6 +20,7 @@ from lakecast.delta.log import (
     DeltaIOError,
     DirectReadUnsupported,
     TableFiles,
+    commit_actions,
     commit_info,
     latest_version,
     read_changes_from_log,
@@ -285,9 +286,9 @@ def merge_keyed_state(
 
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
-    "TableFiles", "commit_info", "delete", "history", "is_conflict", "latest_version",
-    "merge_keyed_state", "merge_upsert", "read", "read_changes", "read_changes_from_log",
-    "replace_where", "restore_version", "retry_on_conflict", "row_count", "table_exists",
-    "table_files",
-    "table_properties", "table_ref", "txn_versions", "write",
-]
+    "TableFiles", "commit_actions", "commit_info", "delete", "history", "is_conflict",
+    "latest_version", "merge_keyed_state", "merge_upsert", "read", "read_changes",
+    "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",
+    "row_count", "table_exists", "table_files", "table_properties", "table_ref",
+    "txn_versions", "write",
+]  # fmt: skip

@@ -77,16 +77,19 @@ class CommitInfo:
     metrics: dict[str, str]
 
 
-def commit_info(path: str, version: int, spark: SparkSession | None = None) -> CommitInfo:
-    """The commit's timestamp (in-commit timestamp when enabled), operation and metrics."""
+def commit_actions(path: str, version: int, spark: SparkSession | None = None
+                   ) -> list[dict[str, Any]]:
+    """The actions (``add``, ``remove``, ``txn``, ``commitInfo``, ...) of one commit."""
     try:
         text = _read_log_file(path, f"{version:020d}.json", spark)
     except FileNotFoundError as e:
         raise DeltaIOError(f"{path} has no commit file for version {version}") from e
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        action = json.loads(line)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def commit_info(path: str, version: int, spark: SparkSession | None = None) -> CommitInfo:
+    """The commit's timestamp (in-commit timestamp when enabled), operation and metrics."""
+    for action in commit_actions(path, version, spark):
         if "commitInfo" in action:
             ci = action["commitInfo"]
             ts = ci.get("inCommitTimestamp", ci.get("timestamp", 0))

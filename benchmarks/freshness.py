@@ -1,0 +1,260 @@
+"""Freshness of the three ways to keep ``enriched_events`` up to date (issue 24).
+
+``python -m benchmarks.freshness [--commits 10] [--every 20] [--events 1300]``
+
+One demo lake is built (over the Lakecast Spark server) and caught up once; each mode
+then runs on its own copy of it, against the same producer (``--commits`` events commits
+of ~``--events`` events, ``--every`` seconds apart):
+
+1. **sensor**: ``dagster dev`` (webserver + daemon), ``broadcast_versions_sensor`` every
+   ``--interval`` s, each run a process attached to the server;
+2. **continuous**: one ``enrichment_continuous`` run launched from the CLI
+   (``dagster job execute``), attached to the server;
+3. **streaming**: what a Spark user would pick instead: an always-on Structured
+   Streaming query (its own local Spark application) reading the events Delta table as a
+   stream, left-joined with ``dim_products`` and ``user_segments`` read as static Delta
+   tables, into a Delta sink, default trigger.
+
+For each: events commit → first output commit holding those events (the pipeline's
+progress log for 1 and 2; the sink's commit whose file statistics reach the commit's
+last event id for 3), p50 and max, and the ratios to 3. Everything listens on
+127.0.0.1. Run it alone on the machine (through spark-lock).
+JSON goes to ``benchmarks/results/freshness.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.sensor_freshness import build_lake
+from lakecast.config import PROJECT_ROOT, get_settings
+
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+MODES = ("sensor", "continuous", "streaming")
+SINK = "ss_enriched_events"
+
+
+def _env(root: Path, url: str, interval: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LAKECAST_LAKE_ROOT": str(root / "lake"),
+        "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
+        "DAGSTER_HOME": str(root / "dagster_home"),
+        "LAKECAST_SPARK_REMOTE": url,
+        "LAKECAST_SENSOR_INTERVAL_SECONDS": str(interval),
+    }
+
+
+def _pipeline_output_ms(root: Path) -> Callable[[int, int], int | None]:
+    """events version → commit time (ms) of the first ``enriched_events`` version of a
+    committed batch that covers it (the progress log, read without Spark)."""
+    from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
+    from lakecast.delta import io as delta_io
+    from lakecast.pipeline.progress import progress_path, read_log
+
+    log = progress_path(str(root / "checkpoints"), ENRICHMENT.name)
+    out = str(root / "lake" / ENRICHED_EVENTS)
+
+    def find(version: int, _last_id: int) -> int | None:
+        plans, commits = read_log(log)
+        by_id = {p.batch_id: p for p in plans}
+        for batch_id, c in sorted(commits.items()):
+            p = by_id.get(batch_id)
+            v = c.output_versions.get(ENRICHED_EVENTS, -1)
+            if p is not None and p.events_end >= version and v >= 0:
+                return delta_io.commit_info(out, v).timestamp_ms
+        return None
+
+    return find
+
+
+def _sink_output_ms(root: Path) -> Callable[[int, int], int | None]:
+    """last event id of a commit → commit time (ms) of the first sink commit whose files'
+    statistics (``maxValues.event_id``) reach it."""
+    from lakecast.delta import io as delta_io
+
+    sink = str(root / "lake" / SINK)
+    seen: dict[int, tuple[int, int]] = {}  # sink version -> (max event id, commit ms)
+
+    def find(_version: int, last_id: int) -> int | None:
+        newest = delta_io.latest_version(sink)
+        for v in range(0, (newest if newest is not None else -1) + 1):
+            if v not in seen:
+                top, ts = -1, 0
+                for a in delta_io.commit_actions(sink, v):
+                    if "add" in a and a["add"].get("stats"):
+                        top = max(top, json.loads(a["add"]["stats"]).get(
+                            "maxValues", {}).get("event_id", -1))
+                    if "commitInfo" in a:
+                        ci = a["commitInfo"]
+                        ts = int(ci.get("inCommitTimestamp", ci.get("timestamp", 0)))
+                seen[v] = (top, ts)
+            if seen[v][0] >= last_id:
+                return seen[v][1]
+        return None
+
+    return find
+
+
+def streaming_query(root: str) -> int:
+    """The Structured Streaming equivalent, until killed (run in its own process)."""
+    from lakecast.delta import io as delta_io
+    from lakecast.spark import get_spark
+    from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+
+    settings = get_settings()
+    spark = get_spark(settings=settings, app_name="lakecast-freshness-streaming")
+    events = spark.readStream.format("delta").load(settings.table_path(EVENTS))
+    products = delta_io.read(spark, settings.table_path(DIM_PRODUCTS)).select(
+        "product_id", "category", "price")
+    segments = delta_io.read(spark, settings.table_path(USER_SEGMENTS)).select(
+        "user_id", "segment")
+    enriched = events.join(products, "product_id", "left").join(segments, "user_id", "left")
+    query = (enriched.writeStream.format("delta")
+             .option("checkpointLocation", f"{root}/ss_checkpoint")
+             .start(settings.table_path(SINK)))
+    print("streaming query started", flush=True)
+    query.awaitTermination()
+    return 0
+
+
+def _start(mode: str, root: Path, env: dict[str, str], port: int) -> subprocess.Popen:
+    bin_dir = Path(sys.executable).parent
+    log = open(root / f"{mode}.log", "w")  # noqa: SIM115 - the child owns it
+    if mode == "sensor":
+        cmd = [str(bin_dir / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
+               "-w", str(PROJECT_ROOT / "workspace.yaml")]
+    elif mode == "continuous":
+        config = root / "continuous.yaml"
+        config.write_text(json.dumps({"ops": {"enrichment_continuous_loop": {"config": {
+            "max_seconds": 3600, "poll_seconds": 0.25}}}}))
+        cmd = [str(bin_dir / "dagster"), "job", "execute", "-m", "jobs.definitions",
+               "-j", "enrichment_continuous", "--config", str(config)]
+    else:
+        env = {**env, "LAKECAST_SPARK_REMOTE": ""}  # its own Spark application
+        cmd = [sys.executable, "-m", "benchmarks.freshness", "--streaming-query", str(root)]
+    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _ready(mode: str, root: Path) -> bool:
+    """The consumer is up (the streaming query: its first batch, the backlog, committed)."""
+    from lakecast.delta import io as delta_io
+
+    text = (root / f"{mode}.log").read_text()
+    if mode == "streaming":
+        return ("streaming query started" in text
+                and delta_io.latest_version(str(root / "lake" / SINK)) is not None)
+    return {"sensor": "Serving dagster-webserver", "continuous": "watching"}[mode] in text
+
+
+def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
+    """Copy the caught-up lake, start the mode's consumer, produce, measure."""
+    from lakecast.delta import io as delta_io
+    from lakecast.spark import get_spark
+    from lakecast.tables import EVENTS
+    from lakecast.tools import producer
+
+    root = base.parent / mode
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(base, root)
+    env = _env(root, url, args.interval)
+    os.environ.update(env)
+    settings = get_settings()
+    proc = _start(mode, root, env, args.port)
+    find = _sink_output_ms(root) if mode == "streaming" else _pipeline_output_ms(root)
+    latencies: list[float] = []
+    try:
+        deadline = time.monotonic() + 600
+        while not _ready(mode, root) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(max(5.0, args.interval + 5) if mode == "sensor" else 5.0)
+        spark = get_spark(settings=settings)
+        events_path = settings.table_path(EVENTS)
+        for i in range(args.commits):
+            t_next = time.monotonic() + args.every
+            res = producer.append_events(spark, settings, args.events, seed=5000 + i)
+            committed = delta_io.commit_info(events_path, res.version).timestamp_ms
+            done = None
+            wait_until = time.monotonic() + max(args.every, 120)
+            while done is None and time.monotonic() < wait_until:
+                done = find(res.version, res.last_written)
+                if done is None:
+                    time.sleep(0.2)
+            lat = None if done is None else (done - committed) / 1000
+            print(f"[{mode}] commit {i + 1}/{args.commits}: events v{res.version} "
+                  f"-> output after {lat if lat is None else round(lat, 2)} s", flush=True)
+            if lat is not None:
+                latencies.append(lat)
+            time.sleep(max(0.0, t_next - time.monotonic()))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return {"latencies_s": [round(x, 2) for x in latencies],
+            "p50_s": round(statistics.median(latencies), 2) if latencies else None,
+            "max_s": round(max(latencies), 2) if latencies else None,
+            "measured": len(latencies)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=10)
+    parser.add_argument("--every", type=float, default=20.0)
+    parser.add_argument("--events", type=int, default=1300)
+    parser.add_argument("--scale", type=float, default=0.5)
+    parser.add_argument("--interval", type=int, default=15, help="sensor interval (s)")
+    parser.add_argument("--port", type=int, default=3334, help="dagster webserver port")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "freshness3"))
+    parser.add_argument("--streaming-query", metavar="ROOT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.streaming_query:
+        return streaming_query(args.streaming_query)
+
+    from lakecast.server import ensure_server
+
+    base = Path(args.root) / "base"
+    shutil.rmtree(Path(args.root), ignore_errors=True)
+    (base / "dagster_home").mkdir(parents=True)
+    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
+                base / "dagster_home" / "dagster.yaml")
+    server = ensure_server()
+    env = _env(base, server.url, args.interval)
+    os.environ.update(env)
+    t0 = time.monotonic()
+    build_lake(args.scale)
+    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+                   check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
+    print(f"lake built and caught up in {time.monotonic() - t0:.0f}s", flush=True)
+    result: dict = {"commits": args.commits, "every_s": args.every,
+                    "events_per_commit": args.events, "sensor_interval_s": args.interval}
+    for mode in args.modes.split(","):
+        result[mode] = run_mode(mode, base, args, server.url)
+    ref = result.get("streaming", {})
+    for mode in ("sensor", "continuous"):
+        if mode in result and ref.get("p50_s") and result[mode]["p50_s"] is not None:
+            result[mode]["p50_ratio_to_streaming"] = round(result[mode]["p50_s"]
+                                                           / ref["p50_s"], 2)
+            result[mode]["max_ratio_to_streaming"] = round(result[mode]["max_s"]
+                                                           / ref["max_s"], 2)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "freshness.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
