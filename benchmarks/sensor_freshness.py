@@ -111,8 +111,8 @@ def run_records(dagster_home: str) -> list[dict]:
     cold: dict[str, int] = {}
     for ev in instance.fetch_materializations(AssetKey("enriched_events"), limit=1000).records:
         meta = ev.asset_materialization.metadata if ev.asset_materialization else {}
-        if "first_batch_cold_tasks" in meta:
-            cold[ev.run_id] = int(meta["first_batch_cold_tasks"].value)
+        if "run_first_batch_cold_tasks" in meta:  # on the run's last batch
+            cold[ev.run_id] = int(meta["run_first_batch_cold_tasks"].value)
     out = []
     for r in sorted(records, key=lambda r: r.start_time or 0):
         out.append({"run_id": r.dagster_run.run_id, "status": r.dagster_run.status.value,

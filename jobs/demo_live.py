@@ -89,11 +89,12 @@ class SensorLoop:
         self.runs += 1
         mats = [e.materialization for e in out.get_asset_materialization_events()
                 if e.asset_key.to_user_string() == ENRICHED_EVENTS]  # fmt: skip
-        if mats:
-            m = mats[0].metadata
-            print(f"    run {self.runs}: {m['events_in'].value} events in -> "
-                  f"{m['enriched'].value} enriched, {m['unmatched'].value} unmatched, "
-                  f"{m['rejected'].value} rejected; state {m['state_version'].value} "
+        if mats:  # one materialization per batch: add them up
+            n = {k: sum(m.metadata[k].value for m in mats)
+                 for k in ("events_in", "enriched", "unmatched", "rejected")}
+            print(f"    run {self.runs}: {len(mats)} batch(es), {n['events_in']} events in -> "
+                  f"{n['enriched']} enriched, {n['unmatched']} unmatched, "
+                  f"{n['rejected']} rejected; state {mats[-1].metadata['state_version'].value} "
                   f"({time.monotonic() - t0:.1f}s)", flush=True)  # fmt: skip
         else:
             print(f"    run {self.runs}: nothing new ({time.monotonic() - t0:.1f}s)", flush=True)
