@@ -3,8 +3,8 @@
 * ``unique_non_null_keys``  on dim_users, dim_products, user_segments
 * ``segment_domain``        on user_segments: every segment is VIP/REGULAR/NEW/CHURNING
 * ``counts_reconcile``      input rows = accepted + quarantined, on every asset with a
-  quarantine (dims: raw table = dimension + its quarantine rows; user_segments: the
-  events of the last run's days = its accepted count + its quarantine rows)
+  quarantine (dims: raw table = dimension + its quarantine rows; user_features: per
+  day of the last run, the events of that day = its accepted count + its quarantine rows)
 """
 
 from dagster import (
@@ -12,6 +12,7 @@ from dagster import (
     AssetCheckResult,
     AssetChecksDefinition,
     AssetKey,
+    DagsterEventType,
     asset_check,
 )
 
@@ -25,6 +26,7 @@ from lakecast.tables import (
     EVENTS,
     RAW_PRODUCTS,
     RAW_USERS,
+    USER_FEATURES,
     USER_SEGMENTS,
 )
 
@@ -92,49 +94,54 @@ def segment_domain(pyspark: LakecastSparkResource, lake: LakeResource) -> AssetC
 
 
 @asset_check(
-    asset=USER_SEGMENTS,
+    asset=USER_FEATURES,
     name="counts_reconcile",
     description=(
-        "For the days of the latest materialization: events ingested on those days = "
-        "accepted rows reported + quarantine rows for those partitions."
+        "For each day of the latest run: events ingested that day = accepted rows "
+        "reported for its partition + quarantine rows of that partition."
     ),
 )
-def segments_counts_reconcile(
+def features_counts_reconcile(
     context: AssetCheckExecutionContext, pyspark: LakecastSparkResource, lake: LakeResource
 ) -> AssetCheckResult:
-    """Recount the input and the quarantine and compare with the reported accepted count."""
-    from datetime import date, timedelta
-
+    """Recount the input and the quarantine per day and compare with the reported counts."""
     from pyspark.sql import functions as F
 
-    event = context.instance.get_latest_materialization_event(AssetKey(USER_SEGMENTS))
-    if event is None or event.asset_materialization is None:
+    key = AssetKey(USER_FEATURES)
+    materialization = DagsterEventType.ASSET_MATERIALIZATION
+    latest = context.instance.get_latest_materialization_event(key)
+    if latest is None:
         return AssetCheckResult(passed=False, metadata={"error": "no materialization yet"})
-    meta = event.asset_materialization.metadata
-    first = date.fromisoformat(str(meta["first_day"].value))
-    last = date.fromisoformat(str(meta["last_day"].value))
-    keys = [(first + timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
+    reported = {
+        e.dagster_event.partition: e.asset_materialization.metadata
+        for e in context.instance.all_logs(latest.run_id, of_type=materialization)
+        if e.asset_materialization is not None and e.asset_materialization.asset_key == key
+    }
+    keys = sorted(k for k in reported if k is not None)
     spark = pyspark.spark_session
     settings = lake.settings()
-    n_input = (
-        delta_io.read(spark, settings.table_path(EVENTS))
+    inputs = {
+        r["ingest_day"]: int(r["count"])
+        for r in delta_io.read(spark, settings.table_path(EVENTS))
         .filter(F.col("ingest_day").isin(keys))
+        .groupBy("ingest_day")
         .count()
-    )
-    n_quarantined = quarantine_count(spark, settings, USER_SEGMENTS, keys)
-    reported_accepted = int(meta["accepted_rows"].value)
-    reported_quarantined = int(meta["quarantined_rows"].value)
+        .collect()
+    }
+    bad = []
+    for day in keys:
+        n_input = inputs.get(day, 0)
+        n_quarantined = quarantine_count(spark, settings, USER_FEATURES, [day])
+        accepted = int(reported[day]["accepted_rows"].value)
+        quarantined = int(reported[day]["quarantined_rows"].value)
+        if n_input != accepted + n_quarantined or quarantined != n_quarantined:
+            bad.append(f"{day}: input {n_input} != accepted {accepted} + quarantined "
+                       f"{n_quarantined} (reported {quarantined})")  # fmt: skip
     return AssetCheckResult(
-        passed=n_input == reported_accepted + n_quarantined
-        and reported_quarantined == n_quarantined,
-        metadata={
-            "first_day": first.isoformat(),
-            "last_day": last.isoformat(),
-            "input_rows": n_input,
-            "accepted_rows": reported_accepted,
-            "quarantined_rows": n_quarantined,
-        },
-    )
+        passed=bool(keys) and not bad,
+        metadata={"days": ", ".join(keys), "input_rows": sum(inputs.values()),
+                  "mismatches": "; ".join(bad) or "none"},
+    )  # fmt: skip
 
 
 BATCH_CHECKS: list[AssetChecksDefinition] = [
@@ -144,5 +151,5 @@ BATCH_CHECKS: list[AssetChecksDefinition] = [
     _dimension_reconcile_check(DIM_USERS, RAW_USERS),
     _dimension_reconcile_check(DIM_PRODUCTS, RAW_PRODUCTS),
     segment_domain,
-    segments_counts_reconcile,
+    features_counts_reconcile,
 ]

@@ -17,6 +17,7 @@ from lakecast.tables import (
     EVENTS,
     RAW_PRODUCTS,
     RAW_USERS,
+    USER_FEATURES,
     USER_SEGMENTS,
 )
 
@@ -80,18 +81,24 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("category", "string", "Catalog category."),
         ("price", "decimal(10,2)", "List price, >= 0."),
     ),
-    USER_SEGMENTS: (
-        ("user_id", "bigint", "User id (users signed up by the partition day)."),
-        ("segment", "string", "VIP, NEW, CHURNING or REGULAR (rules: assets/transforms.py)."),
-        ("recency_days", "int", "Days from the last event's day to the partition day "
-                                "(null: no event yet)."),
-        ("frequency", "bigint", "Accepted events up to the end of the partition day."),
+    USER_FEATURES: (
+        ("day", "date", "The partition day the features are computed as of (end of day, UTC)."),
+        ("user_id", "bigint", "User id (users signed up by the day)."),
+        ("recency_days", "int", "Days from the last event's day to the day (null: no event yet)."),
+        ("frequency", "bigint", "Accepted events up to the end of the day."),
         ("monetary", "decimal(18,2)", "Sum of purchase amounts to date (lifetime value)."),
         ("purchases", "bigint", "Purchases to date."),
         ("interests", "array<string>", "Top 3 categories by event count (ties by name)."),
         ("last_event_at", "timestamp", "Time of the last accepted event (null: none)."),
-        ("tenure_days", "int", "Days from sign-up to the partition day."),
-        ("updated_day", "date", "The partition day that last changed this row."),
+        ("tenure_days", "int", "Days from sign-up to the day."),
+    ),
+    USER_SEGMENTS: (
+        ("user_id", "bigint", "User id (users signed up by the newest segmented day)."),
+        ("segment", "string", "VIP, NEW, CHURNING or REGULAR (rules: assets/transforms.py)."),
+        ("lifetime_value", "decimal(18,2)", "Sum of purchase amounts to date (monetary)."),
+        ("interests", "array<string>", "Top 3 categories by event count (ties by name)."),
+        ("updated_day", "date", "The partition day that last changed this user's record "
+                                "(segment, lifetime_value or interests)."),
     ),
     "enriched_events": (*_RAW_EVENT, *_ENRICHMENT),
     "enrichment_unmatched": (

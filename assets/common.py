@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 QUARANTINE_PARTITION_BY = ("asset",)
+TABLE_POOL_PREFIX = "lakecast_delta_"
+"""Dagster concurrency pool of the asset that writes Delta table T: ``lakecast_delta_<T>``.
+The instance config (deploy/dagster/*.yaml) limits every pool to 1 (``pools:
+default_limit``): one writer per table, whatever launched the run."""
+
+
+def table_pool(table: str) -> str:
+    """The concurrency pool of the one writer of Delta table ``table``."""
+    return f"{TABLE_POOL_PREFIX}{table}"
 
 
 def table_metadata(

@@ -14,7 +14,7 @@ from dagster import AssetExecutionContext, MaterializeResult, asset
 
 from assets import transforms
 from assets.columns import column_metadata
-from assets.common import table_metadata, write_quarantine
+from assets.common import table_metadata, table_pool, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.delta import io as delta_io
 from lakecast.spark import local_checkpoint
@@ -79,6 +79,7 @@ def refresh_dimension(
 
 @asset(
     name=DIM_USERS,
+    pool=table_pool(DIM_USERS),
     metadata=column_metadata(DIM_USERS),
     deps=[RAW_USERS],
     group_name=DIM_GROUP,
@@ -97,6 +98,7 @@ def dim_users(
 
 @asset(
     name=DIM_PRODUCTS,
+    pool=table_pool(DIM_PRODUCTS),
     metadata=column_metadata(DIM_PRODUCTS),
     deps=[RAW_PRODUCTS],
     group_name=DIM_GROUP,

@@ -1,130 +1,116 @@
-"""The daily-partitioned ``user_segments`` asset: per-user RFM features and a segment.
+"""The daily-partitioned ``user_segments`` asset: the broadcast record of each user.
 
-Partition D (a UTC day) validates the events ingested on D (malformed or
-duplicate events go to ``quarantine`` under partition D), then computes, for
-every user who signed up by D, features over all accepted events up to the end
-of D — recency_days, frequency, monetary (sum of purchase amounts, the LTV),
-purchases, interests (top 3 categories), tenure_days — and a segment (rules in
-:mod:`assets.transforms`). The result is MERGEd into one row per user; a row's
-``updated_day`` is the partition day that last changed it. Re-running a
-partition changes nothing, and re-running an older partition never overwrites
-rows a newer partition already wrote.
+``user_segments`` holds the seed's ``UserSegment`` record — user_id, segment,
+lifetime_value, interests — plus ``updated_day``, the partition day that last changed
+the record. Nothing in it depends on the day alone, so partition D MERGEs only the
+users whose record differs from D's ``user_features`` rows (inserted, changed, or gone
+from dim_users): a daily commit holds exactly the users whose record changed.
 
-A run over a range of partitions (``BackfillPolicy.single_run``) reads the
-events once and processes the days in order inside one Spark run.
+Re-running a partition changes nothing (the records are equal). An older partition
+never overwrites a newer one: partition D is skipped (nothing committed) when the
+table already holds a record a later day changed (``max(updated_day) > D``).
+A ranged run processes its days in order, one MERGE per day, and each partition's
+materialization carries that day's own counts.
 """
 
 import logging
-import warnings
-from dataclasses import asdict, dataclass
-from datetime import UTC, date, datetime
+from dataclasses import dataclass
+from datetime import date
 from typing import TYPE_CHECKING
 
 from dagster import (
     AssetExecutionContext,
     BackfillPolicy,
-    BetaWarning,
-    DailyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
 from assets import transforms
-from assets.columns import column_metadata
-from assets.common import table_metadata, write_quarantine
+from assets.columns import COLUMN_SCHEMA, column_metadata, describe
+from assets.common import table_pool
+from assets.features import DAILY_PARTITIONS, SEGMENTS_GROUP
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
+from lakecast.errors import LakecastError
 from lakecast.spark import local_checkpoint
-from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_SEGMENTS
-from lakecast.tools.datagen import DATA_START
+from lakecast.tables import USER_FEATURES, USER_SEGMENTS
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-SEGMENTS_GROUP = "segments"
-DAILY_PARTITIONS = DailyPartitionsDefinition(start_date=DATA_START.isoformat())
-"""UTC days from the first generated day (``lakecast.tools.datagen.DATA_START``)."""
-
-FEATURE_COLUMNS = (
-    "segment", "recency_days", "frequency", "monetary", "purchases", "interests",
-    "last_event_at", "tenure_days",
-)  # fmt: skip
+__all__ = ["DAILY_PARTITIONS", "DayOutcome", "build_segments", "segment_counts", "user_segments"]
 
 
 @dataclass(frozen=True)
 class DayOutcome:
-    """What one partition day did."""
+    """What one ``user_segments`` partition day did."""
 
     day: str
     input_rows: int
-    accepted_rows: int
-    quarantined_rows: int
     delta_version: int
     rows_inserted: int
     rows_updated: int
     rows_deleted: int
+    skipped_for: str | None
+    segments: dict[str, int]
+
+    @property
+    def changed_users(self) -> int:
+        """Users whose record this day's commit inserted, changed or deleted."""
+        return self.rows_inserted + self.rows_updated + self.rows_deleted
 
 
-def _merge_day(
-    spark: "SparkSession", settings: Settings, accepted: "DataFrame", users: "DataFrame", day: date
-) -> delta_io.MergeResult:
-    """MERGE the features as of ``day``; rows a later day already wrote are kept as they are."""
+def _newest_day(spark: "SparkSession", path: str) -> date | None:
+    from pyspark.sql import functions as F
+
+    if not delta_io.table_exists(path, spark):
+        return None
+    return delta_io.read(spark, path).agg(F.max("updated_day")).first()[0]
+
+
+def _segment_day(spark: "SparkSession", settings: Settings, day: date) -> DayOutcome:
+    """MERGE day ``day``'s records (only the users whose record changed)."""
+    from pyspark.sql import functions as F
+
+    features = delta_io.read(spark, settings.table_path(USER_FEATURES)).filter(
+        F.col("day") == F.lit(day)
+    )
+    records = local_checkpoint(
+        transforms.segment_records(features).withColumn("updated_day", F.lit(day))
+    )
+    n_input = records.count()
+    if n_input == 0:
+        raise LakecastError(
+            f"{USER_FEATURES} has no rows for day {day.isoformat()}: materialize "
+            f"{USER_FEATURES} for partition {day.isoformat()} before {USER_SEGMENTS}"
+        )
+    sizes = {r["segment"]: int(r["count"]) for r in records.groupBy("segment").count().collect()}
+    segments = {s: sizes.get(s, 0) for s in transforms.SEGMENTS}
     path = settings.table_path(USER_SEGMENTS)
-    source = transforms.user_features(accepted, users, day)
-    if delta_io.table_exists(path, spark):
-        newer = delta_io.read(spark, path).filter(f"updated_day > DATE'{day.isoformat()}'")
-        source = source.join(newer.select("user_id"), "user_id", "left_anti").unionByName(newer)
-    return delta_io.merge_upsert(
-        spark, source, path, keys=["user_id"], compare_columns=FEATURE_COLUMNS,
+    newest = _newest_day(spark, path)
+    if newest is not None and newest > day:
+        version = delta_io.latest_version(path, spark)
+        assert version is not None
+        return DayOutcome(day.isoformat(), n_input, version, 0, 0, 0, newest.isoformat(), segments)
+    res = delta_io.merge_upsert(
+        spark, records, path, keys=["user_id"], compare_columns=transforms.SEGMENT_RECORD,
         delete_missing=True,
     )  # fmt: skip
+    return DayOutcome(day.isoformat(), n_input, res.version, res.inserted, res.updated, res.deleted,
+                      None, segments)  # fmt: skip
 
 
 def build_segments(
-    spark: "SparkSession",
-    settings: Settings,
-    days: list[date],
-    run_id: str,
-    log: logging.Logger | None = None,
+    spark: "SparkSession", settings: Settings, days: list[date], log: logging.Logger | None = None
 ) -> list[DayOutcome]:
-    """Quarantine the bad events of ``days`` and MERGE each day's segments, in day order."""
-    from pyspark.sql import functions as F
-
-    days = sorted(days)
-    keys = [d.isoformat() for d in days]
-    events = delta_io.read(spark, settings.table_path(EVENTS)).filter(
-        F.col("ingest_day") <= keys[-1]
-    )
-    users = local_checkpoint(delta_io.read(spark, settings.table_path(DIM_USERS)))
-    products = delta_io.read(spark, settings.table_path(DIM_PRODUCTS))
-    classified = local_checkpoint(transforms.classify_events(events, users, products))
-    in_range = classified.filter(F.col("ingest_day").isin(keys))
-    counts: dict[tuple[str, bool], int] = {
-        (r["ingest_day"], r["ok"]): r["count"]
-        for r in in_range.groupBy("ingest_day", F.col("_reason").isNull().alias("ok"))
-        .count()
-        .collect()
-    }
-    rejected = transforms.quarantine_frame(
-        in_range, EVENTS, USER_SEGMENTS, F.col("ingest_day"), run_id, datetime.now(UTC)
-    )
-    write_quarantine(spark, settings, rejected, USER_SEGMENTS, keys)
-    accepted = local_checkpoint(
-        classified.filter(F.col("_reason").isNull())
-        .select("user_id", "event_type", "amount", "event_ts", "category")
-    )
+    """MERGE each day's changed records into ``user_segments``, in day order."""
     outcomes = []
-    for day, key in zip(days, keys, strict=True):
-        res = delta_io.retry_on_conflict(
-            lambda day=day: _merge_day(spark, settings, accepted, users, day)
-        )
-        ok, bad = counts.get((key, True), 0), counts.get((key, False), 0)
-        outcome = DayOutcome(key, ok + bad, ok, bad, res.version, res.inserted, res.updated,
-                             res.deleted)  # fmt: skip
+    for day in sorted(days):
+        outcome = delta_io.retry_on_conflict(lambda day=day: _segment_day(spark, settings, day))
         if log is not None:
-            log.info(f"user_segments {key}: {outcome}")
+            log.info(f"{USER_SEGMENTS} {outcome.day}: {outcome}")
         outcomes.append(outcome)
     return outcomes
 
@@ -136,22 +122,17 @@ def segment_counts(spark: "SparkSession", settings: Settings) -> dict[str, int]:
     return {s: int(got.get(s, 0)) for s in transforms.SEGMENTS}
 
 
-# A range of days in one Spark run is deliberate (see the module docstring), although
-# Dagster 1.13 still calls the asset's ``backfill_policy`` parameter beta: silence exactly that.
-warnings.filterwarnings(
-    "ignore", message="Parameter `backfill_policy` of function `asset`", category=BetaWarning
-)
-
-
 @asset(
     name=USER_SEGMENTS,
     metadata=column_metadata(USER_SEGMENTS),
-    deps=[EVENTS, DIM_USERS, DIM_PRODUCTS],
+    deps=[USER_FEATURES],
     partitions_def=DAILY_PARTITIONS,
     backfill_policy=BackfillPolicy.single_run(),
     group_name=SEGMENTS_GROUP,
     kinds={"spark", "delta"},
-    description="One row per user: RFM features, interests and segment as of the partition day.",
+    pool=table_pool(USER_SEGMENTS),
+    description="One row per user: segment, lifetime value and interests (the broadcast "
+    "record); a day commits only the users whose record changed.",
 )
 def user_segments(
     context: AssetExecutionContext, pyspark: LakecastSparkResource, lake: LakeResource
@@ -159,28 +140,24 @@ def user_segments(
     """Segment users for the run's partition day(s), in day order (see module docstring)."""
     spark = pyspark.spark_session
     settings = lake.settings()
-    days = sorted(date.fromisoformat(k) for k in context.partition_keys)
-    outcomes = build_segments(spark, settings, days, context.run.run_id, context.log)
-    sizes = segment_counts(spark, settings)
-    last = outcomes[-1]
-    return MaterializeResult(
-        metadata=table_metadata(
-            spark,
-            settings,
-            USER_SEGMENTS,
+    days = [date.fromisoformat(k) for k in context.partition_keys]
+    outcomes = build_segments(spark, settings, days, context.log)
+    path = settings.table_path(USER_SEGMENTS)
+    schema = describe(delta_io.read(spark, path).schema, USER_SEGMENTS)
+    for o in outcomes:  # each partition its own figures (not the range's totals)
+        context.add_asset_metadata(
             {
-                "delta_version": last.delta_version,
-                "first_day": outcomes[0].day,
-                "last_day": last.day,
-                "partitions_processed": len(outcomes),
-                "rows_inserted": sum(o.rows_inserted for o in outcomes),
-                "rows_updated": sum(o.rows_updated for o in outcomes),
-                "rows_deleted": sum(o.rows_deleted for o in outcomes),
-                "input_rows": sum(o.input_rows for o in outcomes),
-                "accepted_rows": sum(o.accepted_rows for o in outcomes),
-                "quarantined_rows": sum(o.quarantined_rows for o in outcomes),
-                **{f"segment_{s.lower()}": n for s, n in sizes.items()},
-                "per_day": MetadataValue.json([asdict(o) for o in outcomes]),
+                "dagster/row_count": o.input_rows,
+                "delta_version": o.delta_version,
+                "changed_users": o.changed_users,
+                "rows_inserted": o.rows_inserted,
+                "rows_updated": o.rows_updated,
+                "rows_deleted": o.rows_deleted,
+                "input_rows": o.input_rows,
+                "skipped_for_newer_day": o.skipped_for or "",
+                **{f"segment_{s.lower()}": n for s, n in o.segments.items()},
             },
+            partition_key=o.day,
         )
-    )
+    uri = MetadataValue.path(path)
+    return MaterializeResult(metadata={COLUMN_SCHEMA: schema, "dagster/uri": uri})

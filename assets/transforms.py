@@ -233,12 +233,11 @@ def segment_column() -> Column:
 
 
 def user_features(accepted_events: DataFrame, dim_users: DataFrame, day: date) -> DataFrame:
-    """Per-user features and segment as of the end of ``day``.
+    """Per-user features as of the end of ``day`` (the ``user_features`` rows of ``day``).
 
     ``accepted_events`` are classified events with a null ``_reason``. Columns:
-    user_id, segment, recency_days, frequency, monetary, purchases, interests
-    (top categories by event count, ties by name), last_event_at, tenure_days,
-    updated_day.
+    day, user_id, recency_days, frequency, monetary, purchases, interests (top
+    categories by event count, ties by name), last_event_at, tenure_days.
     """
     from pyspark.sql import functions as F
 
@@ -265,10 +264,11 @@ def user_features(accepted_events: DataFrame, dim_users: DataFrame, day: date) -
     population = dim_users.filter(F.col("signup_date") <= F.lit(day)).select(
         "user_id", "signup_date"
     )
-    out = (
+    return (
         population.join(agg, "user_id", "left")
         .join(interests, "user_id", "left")
         .select(
+            F.lit(day).alias("day"),
             "user_id",
             F.datediff(F.lit(day), F.to_date("last_event_at")).alias("recency_days"),
             F.coalesce("frequency", F.lit(0)).cast("long").alias("frequency"),
@@ -279,9 +279,20 @@ def user_features(accepted_events: DataFrame, dim_users: DataFrame, day: date) -
             F.datediff(F.lit(day), F.col("signup_date")).alias("tenure_days"),
         )
     )
-    return out.select(
+
+
+SEGMENT_RECORD = ("segment", "lifetime_value", "interests")
+"""The broadcast record of a user besides its key (the seed's ``UserSegment``)."""
+
+
+def segment_records(features: DataFrame) -> DataFrame:
+    """``user_segments`` records from one day's ``user_features`` rows: user_id,
+    segment (the rule above), lifetime_value (= monetary), interests."""
+    from pyspark.sql import functions as F
+
+    return features.select(
         "user_id",
         segment_column().alias("segment"),
-        *[c for c in out.columns if c != "user_id"],
-        F.lit(day).alias("updated_day"),
+        F.col("monetary").alias("lifetime_value"),
+        "interests",
     )

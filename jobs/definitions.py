@@ -20,7 +20,7 @@ from jobs.microbatch import (
     enrichment_microbatch_assets,
 )
 from jobs.sensors import broadcast_versions_sensor
-from lakecast.tables import DIM_PRODUCTS, DIM_USERS, USER_SEGMENTS
+from lakecast.tables import DIM_PRODUCTS, DIM_USERS, USER_FEATURES, USER_SEGMENTS
 
 dimension_refresh_job = define_asset_job(
     "dimension_refresh_job",
@@ -31,8 +31,10 @@ dimension_refresh_job = define_asset_job(
 
 daily_segment_refresh_job = define_asset_job(
     "daily_segment_refresh_job",
-    selection=AssetSelection.assets(USER_SEGMENTS),  # daily partitions: from the asset
-    description="Segment users for one day (or a range, in one run) and run its checks.",
+    # daily partitions: from the assets
+    selection=AssetSelection.assets(USER_FEATURES, USER_SEGMENTS),
+    description="Features and segments of users for one day (or a range, in one run) "
+    "and their checks.",
     # Runs of this job MERGE into one table: a tag_concurrency_limits entry for this tag
     # (limit 1) in dagster.yaml serializes `dagster job backfill`'s per-partition runs.
     tags={"lakecast/exclusive": "user_segments"},

@@ -2,8 +2,8 @@
 
 1. point Dagster at ``settings.dagster_home`` (runs persist in its SQLite storage);
 2. generate scale-1 raw data into ``settings.lake_root`` (deterministic, seed 7);
-3. materialize raw -> dim_users/dim_products, then user_segments for every generated
-   day in ONE run (single-run backfill), with all asset checks;
+3. materialize raw -> dim_users/dim_products, then user_features and user_segments for
+   every generated day in ONE run (single-run backfill), with all asset checks;
 4. print each table's Delta version and row count, and the segment sizes.
 
 Re-runnable: the raw data is regenerated identically, so the second run's MERGEs
@@ -121,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("==> materializing raw -> dim_users, dim_products", flush=True)
     materialize_dimensions(instance)
     first, last = spec.day_keys[0], spec.day_keys[-1]
-    print(f"==> materializing user_segments {first}...{last} in one run", flush=True)
+    print(f"==> materializing user_features, user_segments {first}...{last} in one run",
+          flush=True)  # fmt: skip
     materialize_segments(instance, first, last)
     print()
     print(summary(settings))

@@ -12,8 +12,10 @@ RAW_PRODUCTS: Final = "raw_products"
 EVENTS: Final = "events"
 DIM_USERS: Final = "dim_users"
 DIM_PRODUCTS: Final = "dim_products"
+USER_FEATURES: Final = "user_features"
 USER_SEGMENTS: Final = "user_segments"
 QUARANTINE: Final = "quarantine"
 
 RAW_TABLES: Final = (RAW_USERS, RAW_PRODUCTS, EVENTS)
-ALL_TABLES: Final = (*RAW_TABLES, DIM_USERS, DIM_PRODUCTS, USER_SEGMENTS, QUARANTINE)
+ALL_TABLES: Final = (*RAW_TABLES, DIM_USERS, DIM_PRODUCTS, USER_FEATURES, USER_SEGMENTS,
+                         QUARANTINE)

@@ -54,7 +54,7 @@ def run_assets(
 
 DIMS = AssetSelection.groups("raw") | AssetSelection.assets("dim_users", "dim_products")
 DIM_ONLY = AssetSelection.assets("dim_users", "dim_products")
-SEGMENTS = AssetSelection.assets("user_segments")
+SEGMENTS = AssetSelection.assets("user_features", "user_segments")
 
 
 @pytest.fixture

@@ -143,15 +143,34 @@ def features(accepted: pd.DataFrame, dim_users: pd.DataFrame, day: date) -> pd.D
     return pd.DataFrame(rows)
 
 
-def segments_after(
+RECORD = ("segment", "lifetime_value", "interests")
+
+
+def record_history(
     accepted: pd.DataFrame, dim_users: pd.DataFrame, days: list[date]
-) -> pd.DataFrame:
-    """The MERGEd table after processing ``days`` in order: latest features per user and
-    ``updated_day`` = the last day whose features differed from the stored row."""
+) -> list[tuple[date, pd.DataFrame, int]]:
+    """Per day in order: (day, the user_segments table after it, users whose record
+    changed that day). A record = segment, lifetime_value (= monetary), interests;
+    ``updated_day`` = the last day that changed it; users gone from the day's
+    population are deleted (and count as changed)."""
     table: dict[int, dict] = {}
+    out = []
     for day in days:
-        for row in features(accepted, dim_users, day).to_dict("records"):
-            old = table.get(row["user_id"])
-            if old is None or {k: v for k, v in old.items() if k != "updated_day"} != row:
-                table[row["user_id"]] = {**row, "updated_day": day}
-    return pd.DataFrame(list(table.values())).sort_values("user_id").reset_index(drop=True)
+        feats = features(accepted, dim_users, day)
+        today = {
+            int(r["user_id"]): {"user_id": int(r["user_id"]), "segment": r["segment"],
+                                "lifetime_value": r["monetary"], "interests": r["interests"]}
+            for r in feats.to_dict("records")
+        }  # fmt: skip
+        changed = 0
+        for u, rec in today.items():
+            old = table.get(u)
+            if old is None or any(old[c] != rec[c] for c in RECORD):
+                table[u] = {**rec, "updated_day": day}
+                changed += 1
+        for u in [u for u in table if u not in today]:
+            del table[u]
+            changed += 1
+        snap = pd.DataFrame(list(table.values())).sort_values("user_id").reset_index(drop=True)
+        out.append((day, snap, changed))
+    return out

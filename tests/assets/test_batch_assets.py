@@ -28,25 +28,28 @@ from lakecast.tables import (
     QUARANTINE,
     RAW_PRODUCTS,
     RAW_USERS,
+    USER_FEATURES,
     USER_SEGMENTS,
 )
 from lakecast.tools import datagen, producer
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 
-COLUMNS = [
-    "user_id", "segment", "recency_days", "frequency", "monetary", "purchases", "interests",
-    "last_event_at", "tenure_days", "updated_day",
+SEGMENT_COLUMNS = ["user_id", "segment", "lifetime_value", "interests", "updated_day"]
+FEATURE_COLUMNS = [
+    "user_id", "recency_days", "frequency", "monetary", "purchases", "interests",
+    "last_event_at", "tenure_days",
 ]  # fmt: skip
+SEGMENT_ASSETS = f"{USER_FEATURES},{USER_SEGMENTS}"
 
 
-def cli_backfill(asset: str, first: str, last: str) -> str:
+def cli_backfill(selection: str, first: str, last: str) -> str:
     """``dagster asset materialize --partition-range first...last`` in a subprocess with this
     process's environment (temp lake, DAGSTER_HOME); returns the one run's id."""
     dagster = Path(sys.executable).parent / "dagster"
     cmd = [
         str(dagster), "asset", "materialize", "-m", "jobs.definitions",
-        "--select", asset, "--partition-range", f"{first}...{last}",
+        "--select", selection, "--partition-range", f"{first}...{last}",
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, cwd=PROJECT_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600
@@ -58,8 +61,8 @@ def cli_backfill(asset: str, first: str, last: str) -> str:
     return runs[0].run_id
 
 
-def _pdf(spark, settings, name: str) -> pd.DataFrame:
-    return delta_io.read(spark, settings.table_path(name)).toPandas()
+def _pdf(spark, settings, name: str, version: int | None = None) -> pd.DataFrame:
+    return delta_io.read(spark, settings.table_path(name), version=version).toPandas()
 
 
 def _materializations(result, key: str) -> list:
@@ -70,17 +73,37 @@ def _materializations(result, key: str) -> list:
     ]
 
 
-def _segments_table(spark, settings) -> pd.DataFrame:
-    df = _pdf(spark, settings, USER_SEGMENTS)[COLUMNS].sort_values("user_id")
-    df["monetary"] = df["monetary"].astype(float)
+def _by_partition(instance: DagsterInstance, key: str) -> dict[str, dict]:
+    """The latest materialization metadata of each partition of ``key`` (plain values)."""
+    records = instance.get_event_records(
+        EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(key)),
+        ascending=True,
+    )
+    return {
+        r.partition_key: {k: v.value for k, v in r.asset_materialization.metadata.items()}
+        for r in records
+    }
+
+
+def _segments_table(frame: pd.DataFrame) -> pd.DataFrame:
+    df = frame[SEGMENT_COLUMNS].sort_values("user_id").copy()
+    df["lifetime_value"] = df["lifetime_value"].astype(float)
     df["interests"] = df["interests"].map(list)
-    df["recency_days"] = df["recency_days"].astype("Int64")
     df["updated_day"] = pd.to_datetime(df["updated_day"]).dt.date
     return df.reset_index(drop=True)
 
 
-def _expected_segments(expected: pd.DataFrame) -> pd.DataFrame:
-    df = expected[COLUMNS].copy()
+def _features_of(spark, settings, day: date) -> pd.DataFrame:
+    df = _pdf(spark, settings, USER_FEATURES)
+    df = df[pd.to_datetime(df["day"]).dt.date == day][FEATURE_COLUMNS].sort_values("user_id")
+    df["monetary"] = df["monetary"].astype(float)
+    df["interests"] = df["interests"].map(list)
+    df["recency_days"] = df["recency_days"].astype("Int64")
+    return df.reset_index(drop=True)
+
+
+def _expected_features(accepted, users, day: date) -> pd.DataFrame:
+    df = reference.features(accepted, users, day)[FEATURE_COLUMNS].copy()
     df["recency_days"] = df["recency_days"].astype("Int64")
     df["last_event_at"] = pd.to_datetime(df["last_event_at"])
     return df.reset_index(drop=True)
@@ -112,41 +135,64 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
     assert dim_meta["quarantined_rows"].value == int(pu["reason"].notna().sum()) > 0
 
     # ---- three days in ONE run, through the Dagster CLI in a subprocess (its own Spark)
-    run_id = cli_backfill(USER_SEGMENTS, SMALL.day_keys[0], SMALL.day_keys[-1])
+    run_id = cli_backfill(SEGMENT_ASSETS, SMALL.day_keys[0], SMALL.day_keys[-1])
     with DagsterInstance.get() as instance:  # the temp lake's DAGSTER_HOME
-        records = instance.get_event_records(
-            EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(USER_SEGMENTS))
-        )
-        assert sorted(r.partition_key for r in records) == SMALL.day_keys
-        assert {r.run_id for r in records} == {run_id}
-        meta = records[0].asset_materialization.metadata
+        seg_meta = _by_partition(instance, USER_SEGMENTS)
+        feat_meta = _by_partition(instance, USER_FEATURES)
+        assert sorted(seg_meta) == sorted(feat_meta) == SMALL.day_keys
+        runs = {
+            r.run_id
+            for k in (USER_SEGMENTS, USER_FEATURES)
+            for r in instance.get_event_records(
+                EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(k))
+            )
+        }
+        assert runs == {run_id}
         checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(
             [AssetCheckKey(AssetKey(USER_SEGMENTS), n)
-             for n in ("unique_non_null_keys", "segment_domain", "counts_reconcile")]
+             for n in ("unique_non_null_keys", "segment_domain")]
+            + [AssetCheckKey(AssetKey(USER_FEATURES), "counts_reconcile")]
         )  # fmt: skip
         assert len(checks) == 3
         for c in checks.values():
             assert c.run_id == run_id
             assert c.status == AssetCheckExecutionRecordStatus.SUCCEEDED
             assert c.event.dagster_event.event_specific_data.passed
-    assert meta["partitions_processed"].value == 3
     history = delta_io.history(spark, lake.table_path(USER_SEGMENTS))
     assert [h["operation"] for h in reversed(history)][1:] == ["MERGE", "MERGE"], "day by day"
 
+    # ---- features per day and the segments table == pandas; per-partition counts
     pe = reference.events(_pdf(spark, lake, EVENTS), exp_users, exp_products)
     accepted = pe[pe["reason"].isna()]
-    expected = _expected_segments(reference.segments_after(accepted, exp_users, DAYS))
-    got = _segments_table(spark, lake)
-    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    for day in DAYS:
+        pd.testing.assert_frame_equal(
+            _features_of(spark, lake, day), _expected_features(accepted, exp_users, day),
+            check_dtype=False,
+        )  # fmt: skip
+    steps = reference.record_history(accepted, exp_users, DAYS)
+    expected = steps[-1][1]
+    got = _segments_table(_pdf(spark, lake, USER_SEGMENTS))
+    pd.testing.assert_frame_equal(got, expected[SEGMENT_COLUMNS], check_dtype=False)
     assert set(expected["segment"]) >= {"NEW", "CHURNING", "REGULAR"}
-    sizes = expected["segment"].value_counts()
-    for s in ("VIP", "NEW", "CHURNING", "REGULAR"):
-        assert meta[f"segment_{s.lower()}"].value == sizes.get(s, 0)
-    assert meta["dagster/row_count"].value == len(expected)
+    raw_events = _pdf(spark, lake, EVENTS)
+    for day, snapshot, changed in steps:
+        key = day.isoformat()
+        m = seg_meta[key]
+        sizes = snapshot["segment"].value_counts()
+        for s in ("VIP", "NEW", "CHURNING", "REGULAR"):
+            assert m[f"segment_{s.lower()}"] == sizes.get(s, 0), (key, s)
+        assert m["changed_users"] == changed and m["input_rows"] == len(snapshot), key
+        f = feat_meta[key]
+        n_in = int((raw_events["ingest_day"] == key).sum())
+        n_ok = int(((pe["ingest_day"] == key) & pe["reason"].isna()).sum())
+        assert (f["input_rows"], f["accepted_rows"], f["quarantined_rows"]) == (
+            n_in, n_ok, n_in - n_ok)  # fmt: skip
+        assert f["dagster/row_count"] == len(snapshot)
+    assert len({m["changed_users"] for m in seg_meta.values()}) > 1, "per day, not totals"
 
     # ---- quarantine: every bad row with its reason; input = accepted + quarantined per day
     q = _pdf(spark, lake, QUARANTINE)
-    q_events = q[q["asset"] == USER_SEGMENTS]
+    q_events = q[q["asset"] == USER_FEATURES]
     got_reasons = q_events.groupby(["partition_key", "reason"]).size().to_dict()
     bad = pe[pe["reason"].notna()]
     assert got_reasons == bad.groupby(["ingest_day", "reason"]).size().to_dict()
@@ -158,32 +204,29 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
     assert q_users["partition_key"].isna().all()
     assert q_events["raw_record"].str.startswith("{").all()
     assert q["quarantined_at"].notna().all() and (q["source_table"] != "").all()
-    raw_events = _pdf(spark, lake, EVENTS)
     for day in SMALL.day_keys:
         n_in = int((raw_events["ingest_day"] == day).sum())
         n_ok = int(((pe["ingest_day"] == day) & pe["reason"].isna()).sum())
         assert n_in == n_ok + int((q_events["partition_key"] == day).sum())
-    assert meta["input_rows"].value == meta["accepted_rows"].value + meta["quarantined_rows"].value
-    assert meta["quarantined_rows"].value == len(q_events)
 
     # ---- the same partitions again (in-process, one run), then an older one after the
-    # newest: nothing changes, nothing is duplicated
-    path = lake.table_path(USER_SEGMENTS)
-    before = delta_io.latest_version(path)
+    # newest: no table changes, nothing is duplicated
+    paths = [lake.table_path(t) for t in (USER_SEGMENTS, USER_FEATURES)]
+    before = [delta_io.latest_version(p) for p in paths]
+    features_before = _pdf(spark, lake, USER_FEATURES)
     for kwargs in (
         {"partition_range": (SMALL.day_keys[0], SMALL.day_keys[-1])},
         {"partition_key": SMALL.day_keys[0]},
     ):
         again = run_assets(SEGMENTS, **kwargs)
-        m = _materializations(again, USER_SEGMENTS)[-1].metadata
-        assert (m["rows_inserted"].value, m["rows_updated"].value, m["rows_deleted"].value) == (
-            0, 0, 0,
-        )  # fmt: skip
-        assert m["quarantined_rows"].value > 0
-    after = delta_io.latest_version(path)
-    if after > before:  # an empty MERGE commit is allowed; it must carry no change
-        assert delta_io.read_changes(spark, path, before + 1, after).count() == 0
-    pd.testing.assert_frame_equal(_segments_table(spark, lake), got)
+        for m in _materializations(again, USER_SEGMENTS):
+            assert m.metadata["changed_users"].value == 0
+        for m in _materializations(again, USER_FEATURES):
+            assert m.metadata["rewritten"].value is False
+            assert m.metadata["quarantined_rows"].value > 0
+    assert [delta_io.latest_version(p) for p in paths] == before, "no commit at all"
+    pd.testing.assert_frame_equal(_segments_table(_pdf(spark, lake, USER_SEGMENTS)), got)
+    assert len(_pdf(spark, lake, USER_FEATURES)) == len(features_before)
     q2 = _pdf(spark, lake, QUARANTINE)
     assert len(q2) == len(q)
     assert sorted(q2["raw_record"]) == sorted(q["raw_record"])

@@ -26,8 +26,10 @@ def test_demo_materializes_through_named_jobs(spark, lake):
         mats = dims.get_asset_materialization_events()
         assert {m.asset_key.to_user_string() for m in mats} == {
             "raw_users", "raw_products", "events", "dim_users", "dim_products"}  # fmt: skip
-        seg = segs.get_asset_materialization_events()  # one per day of the range
-        assert sorted(m.materialization.partition for m in seg) == SMALL.day_keys
+        seg = segs.get_asset_materialization_events()  # one per asset and day of the range
+        for asset in ("user_features", USER_SEGMENTS):
+            days = [m.partition for m in seg if m.asset_key.to_user_string() == asset]
+            assert sorted(days) == SMALL.day_keys, asset
         # every check of the selected assets ran in the named jobs, and passed
         assert dims.get_asset_check_evaluations() and segs.get_asset_check_evaluations()
     assert delta_io.latest_version(lake.table_path(USER_SEGMENTS)) is not None
