@@ -141,7 +141,10 @@ def _start(mode: str, root: Path, env: dict[str, str], port: int) -> subprocess.
         cmd = [str(bin_dir / "dagster"), "job", "execute", "-m", "jobs.definitions",
                "-j", "enrichment_continuous", "--config", str(config)]
     else:
-        env = {**env, "LAKECAST_SPARK_REMOTE": ""}  # its own Spark application
+        # its own classic Spark application (not the Connect mode this process switched to)
+        env = {k: v for k, v in env.items()
+               if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+        env["LAKECAST_SPARK_REMOTE"] = ""
         cmd = [sys.executable, "-m", "benchmarks.freshness", "--streaming-query", str(root)]
     return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -218,11 +218,10 @@ class MicroBatchPipeline:
         if plan.events_start < 0:
             return delta_io.read(self.spark, path, version=plan.events_end)
         changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
-        rewritten = changes.filter(F.col("_change_type") != "insert").select(
-            "_commit_version").limit(1).collect()
-        if rewritten:
+        rewritten = self._first_rewrite(path, plan)
+        if rewritten is not None:
             raise AppendOnlyError(
-                f"{self.spec.events_table} version {rewritten[0][0]} deletes or updates rows; "
+                f"{self.spec.events_table} version {rewritten} deletes or updates rows; "
                 f"the micro-batch reads an append-only events table (reprocessing rewritten "
                 f"events would duplicate output). Reset the pipeline's outputs and progress "
                 f"log, or append instead of overwriting."
@@ -230,6 +229,16 @@ class MicroBatchPipeline:
         return changes.filter(F.col("_change_type") == "insert").drop(
             "_change_type", "_commit_version", "_commit_timestamp"
         )
+
+    def _first_rewrite(self, path: str, plan: BatchPlan) -> int | None:
+        """The first version in the plan's events range that deletes or updates rows (its
+        log has a data-changing ``remove`` or a ``cdc`` file), read from the Delta log."""
+        for version in range(plan.events_start + 1, plan.events_end + 1):
+            for action in delta_io.commit_actions(path, version, self.spark):
+                if "cdc" in action or ("remove" in action
+                                       and action["remove"].get("dataChange", True)):
+                    return version
+        return None
 
     def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
         """Process one planned batch: count and reconcile first, then write, then commit."""
@@ -286,14 +295,14 @@ class MicroBatchPipeline:
                 )
             # counts reconcile; the runtime's last check, still before any write
             state_check = self.runtime.before_commit(result, plan)
-            # now write, each output idempotently
-            if rejected is not None:
-                self._write_rejected(rejected, plan)
+            # now write, each output idempotently; the main output first (freshness)
             self._write(result.main, self.spec.output_table, "main", plan)
             _crash_point("main_written", plan.batch_id)
             for side, table in self.spec.side_outputs.items():
                 if side in result.side_output_names:
                     self._write(result.side(side), table, side, plan)
+            if rejected is not None:
+                self._write_rejected(rejected, plan)
             if self.spec.state_table:
                 _crash_point("outputs_written", plan.batch_id)
             self.runtime.commit_state(result)
