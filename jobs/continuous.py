@@ -54,6 +54,10 @@ class ContinuousConfig(Config):
     poll_seconds: float = Field(default=0.25, description="How often to list the Delta "
                                 "logs for new versions while idle.")
     max_batches: int | None = Field(default=None, description="End after this many batches.")
+    checkpoint_every: int = Field(
+        default=10, description="Checkpoint the broadcast state every N batches (a "
+        "checkpoint hashes every task's state before the batch writes: off most batches' "
+        "path; a cold start restores the last one and applies the versions since).")
 
 
 def table_versions(settings: Settings) -> dict[str, int | None]:
@@ -104,7 +108,7 @@ def enrichment_continuous_loop(
     settings = lake.settings()
     record_missed(context, settings)
     spark = pyspark.session_for(ENRICHMENT.name)
-    pipeline = build_pipeline(spark, settings)
+    pipeline = build_pipeline(spark, settings, checkpoint_every=config.checkpoint_every)
     results: list[BatchResult] = []
     deadline = time.monotonic() + config.max_seconds
     seen: dict[str, int | None] | None = None
