@@ -36,23 +36,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.sensor_freshness import build_lake
+from benchmarks.sensor_freshness import bench_env, build_lake
 from lakecast.config import PROJECT_ROOT, get_settings
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 MODES = ("sensor", "continuous", "streaming")
 SINK = "ss_enriched_events"
-
-
-def _env(root: Path, url: str, interval: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        "LAKECAST_LAKE_ROOT": str(root / "lake"),
-        "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
-        "DAGSTER_HOME": str(root / "dagster_home"),
-        "LAKECAST_SPARK_REMOTE": url,
-        "LAKECAST_SENSOR_INTERVAL_SECONDS": str(interval),
-    }
 
 
 def _pipeline_output_ms(root: Path) -> Callable[[int, int], int | None]:
@@ -171,7 +160,7 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
     root = base.parent / mode
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(base, root)
-    env = _env(root, url, args.interval)
+    env = bench_env(root, url, args.interval)
     os.environ.update(env)
     settings = get_settings()
     proc = _start(mode, root, env, args.port)
@@ -235,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
                 base / "dagster_home" / "dagster.yaml")
     server = ensure_server()
-    env = _env(base, server.url, args.interval)
+    env = bench_env(base, server.url, args.interval)
     os.environ.update(env)
     t0 = time.monotonic()
     build_lake(args.scale)

@@ -39,7 +39,8 @@ from lakecast.config import PROJECT_ROOT, get_settings
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 
 
-def _env(root: Path, url: str, interval: int) -> dict[str, str]:
+def bench_env(root: Path, url: str, interval: int) -> dict[str, str]:
+    """The environment of a benchmark lake under ``root`` on the server at ``url``."""
     return {
         **os.environ,
         "LAKECAST_LAKE_ROOT": str(root / "lake"),
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
                 root / "dagster_home" / "dagster.yaml")
     server = ensure_server()
-    env = _env(root, server.url, args.interval)
+    env = bench_env(root, server.url, args.interval)
     os.environ.update(env)
     settings = get_settings()
     t0 = time.monotonic()
