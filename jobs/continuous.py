@@ -37,11 +37,9 @@ from pydantic import Field
 
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.batch_metadata import record_batch, record_missed
-from jobs.enrichment_pipeline import ENRICHMENT, build_pipeline, summarize
+from jobs.enrichment_pipeline import ENRICHMENT, build_pipeline, pipeline_versions, summarize
 from jobs.microbatch import log_batch
 from jobs.runs import CONTINUOUS_JOB, refuse_second_writer
-from lakecast.config import Settings
-from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.spark import is_connect
 
@@ -58,12 +56,6 @@ class ContinuousConfig(Config):
         default=10, description="Checkpoint the broadcast state every N batches (a "
         "checkpoint hashes every task's state before the batch writes: off most batches' "
         "path; a cold start restores the last one and applies the versions since).")
-
-
-def table_versions(settings: Settings) -> dict[str, int | None]:
-    """Newest version of the events and broadcast tables (``_delta_log`` listings)."""
-    tables = (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
-    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
 
 
 class StopRequest:
@@ -113,7 +105,7 @@ def enrichment_continuous_loop(
     deadline = time.monotonic() + config.max_seconds
     seen: dict[str, int | None] | None = None
     next_status_check = 0.0
-    context.log.info(f"watching {list(table_versions(settings))} for up to "
+    context.log.info(f"watching {list(pipeline_versions(settings))} for up to "
                      f"{config.max_seconds:.0f}s")
     with StopRequest() as stop:
         try:
@@ -126,7 +118,7 @@ def enrichment_continuous_loop(
                         context.log.info("terminated: stopping between two batches")
                         break
                     next_status_check = now + 1.0
-                versions = table_versions(settings)
+                versions = pipeline_versions(settings)
                 if versions == seen:
                     time.sleep(config.poll_seconds)
                     continue

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.build import broadcast_pipeline
 from lakecast.config import Settings
+from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
@@ -102,3 +103,10 @@ def refused_versions(results: list[BatchResult]) -> list[dict[str, object]]:
         for ref in r.refused_versions:
             seen.setdefault((ref["table"], ref["version"]), ref)
     return [seen[k] for k in sorted(seen)]
+
+
+def pipeline_versions(settings: Settings) -> dict[str, int | None]:
+    """Newest Delta version of the events table and of each broadcast table (``None``: no
+    table yet), from their ``_delta_log`` listings (no Spark)."""
+    tables = (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
+    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}

@@ -21,6 +21,7 @@ from dagster import (
     AssetExecutionContext,
     AssetSpec,
     Config,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset_check,
@@ -41,12 +42,12 @@ from jobs.enrichment_pipeline import (
     EXCLUSIVE_TAG,
     VERSIONS_TAG,
     build_pipeline,
+    pipeline_versions,
     refused_versions,
     summarize,
 )
 from jobs.runs import MICROBATCH_JOB, refuse_second_writer
 from lakecast.config import Settings, get_settings
-from lakecast.delta import io as delta_io
 from lakecast.delta.source import latest_versions
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
@@ -102,8 +103,7 @@ def requested_versions(tags: Mapping[str, str], settings: Settings) -> dict[str,
                                 f"the tag to process what is committed now") from e
         if isinstance(value, dict):
             return {str(t): None if v is None else int(v) for t, v in value.items()}
-    tables = (ENRICHMENT.events_table, *ENRICHMENT.broadcast_tables)
-    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
+    return pipeline_versions(settings)
 
 
 @multi_asset(specs=_SPECS, name="enrichment_microbatch_assets", can_subset=False)
@@ -119,7 +119,10 @@ def enrichment_microbatch_assets(
     refuse_second_writer(context.instance, context.run.run_id, MICROBATCH_JOB)
     settings = lake.settings()
     record_missed(context, settings)
-    until = None if config.follow else requested_versions(context.run.tags, settings)
+    try:
+        until = None if config.follow else requested_versions(context.run.tags, settings)
+    except LakecastError as e:  # the reason as the step's failure, not a chained traceback
+        raise Failure(description=str(e)) from e
     pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings,
                               config.max_versions_per_batch)
     held: list[BatchResult] = []

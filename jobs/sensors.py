@@ -36,6 +36,7 @@ from dagster import (
     sensor,
 )
 
+from jobs.enrichment_pipeline import pipeline_versions
 from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, VERSIONS_TAG, enrichment_microbatch
 from jobs.runs import WRITER_JOBS, active_runs
 from lakecast.config import get_settings
@@ -55,8 +56,7 @@ def watched_tables() -> tuple[str, ...]:
 
 def watched_versions() -> Versions:
     """Newest Delta version of the events table and each broadcast table (None: no table)."""
-    settings = get_settings()
-    return {t: delta_io.latest_version(settings.table_path(t)) for t in watched_tables()}
+    return pipeline_versions(get_settings())
 
 
 def run_key_for(versions: Mapping[str, int | None]) -> str:

@@ -209,3 +209,16 @@ def test_a_second_writer_is_refused_naming_the_active_run(lake, active_job, job)
         assert other.run_id in message and active_job in message and "one writer" in message
         assert not (lake.checkpoint_root and delta_io.table_exists(
             progress_path(lake.checkpoint_root, ENRICHMENT.name)))
+
+
+def test_a_malformed_versions_tag_is_a_clear_error_and_nothing_is_written(lake):
+    with DagsterInstance.ephemeral() as instance:
+        res = materialize([enrichment_microbatch_assets], resources=RESOURCES,
+                          instance=instance, tags={VERSIONS_TAG: "{not json"},
+                          raise_on_error=False)
+        assert not res.success
+        (failure,) = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
+        message = failure.step_failure_data.user_failure_data.description
+        assert VERSIONS_TAG in message and "is not JSON" in message
+        assert "remove the tag" in message
+        assert not delta_io.table_exists(progress_path(lake.checkpoint_root, ENRICHMENT.name))
