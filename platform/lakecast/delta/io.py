@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lakecast.delta.arrow_write import append_arrow
 from lakecast.delta.log import (
     CDF_PROPERTY,
     CommitInfo,
@@ -286,7 +287,8 @@ def merge_keyed_state(
 
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
-    "TableFiles", "commit_actions", "commit_info", "delete", "history", "is_conflict",
+    "TableFiles", "append_arrow", "commit_actions", "commit_info", "delete", "history",
+    "is_conflict",
     "latest_version", "merge_keyed_state", "merge_upsert", "read", "read_changes",
     "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",
     "row_count", "table_exists", "table_files", "table_properties", "table_ref",

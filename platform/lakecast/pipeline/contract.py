@@ -85,6 +85,17 @@ class BatchOutput(Protocol):
 
 
 @runtime_checkable
+class CollectableOutput(Protocol):
+    """A :class:`BatchOutput` that can bring all its outputs to the driver in one action
+    (small batches are then counted and written without further Spark jobs)."""
+
+    def collect(self) -> Any:
+        """Run the batch once; the outputs as Arrow (``main``, ``side(name)``,
+        ``output_counts()``, ``task_rows``)."""
+        ...
+
+
+@runtime_checkable
 class BatchRuntime(Protocol):
     """Runs a function over micro-batches with task-local broadcast state."""
 

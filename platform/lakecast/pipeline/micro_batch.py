@@ -31,6 +31,7 @@ Rewinds (:mod:`lakecast.pipeline.rewind`) go back to a checkpointed batch.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
-from lakecast.pipeline.contract import BatchRuntime
+from lakecast.pipeline.contract import BatchRuntime, CollectableOutput
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog
 from lakecast.pipeline.rewind import finish_rewind
 
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 REASON_COLUMN = "_reason"
+#: default :attr:`MicroBatchPipeline.collect_max_rows`
+COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
@@ -149,6 +152,9 @@ class MicroBatchPipeline:
         self.validator = validator
         #: checks broadcast versions at planning (refused ones are not planned)
         self.version_gate = version_gate
+        #: batches of at most this many events are collected to the driver and written
+        #: with delta-rs (no Spark job per output); larger ones are written by Spark
+        self.collect_max_rows = COLLECT_MAX_ROWS
 
     @property
     def output_tables(self) -> list[str]:
@@ -240,8 +246,33 @@ class MicroBatchPipeline:
                     return version
         return None
 
+    def events_logged(self, plan: BatchPlan) -> int | None:
+        """Rows the plan's events range adds, from the ``numRecords`` statistics of its
+        commits' ``add`` actions (no Spark job); ``None`` when a file has no statistics or
+        the log cannot be read directly. Independent of the read, so it reconciles it."""
+        path = self.table_path(self.spec.events_table)
+        if plan.events_start < 0:
+            return delta_io.row_count(path, plan.events_end)
+        total = 0
+        for version in range(plan.events_start + 1, plan.events_end + 1):
+            for action in delta_io.commit_actions(path, version, self.spark):
+                add = action.get("add")
+                if add is None or not add.get("dataChange", True):
+                    continue
+                n = json.loads(add.get("stats") or "{}").get("numRecords")
+                if n is None:
+                    return None
+                total += int(n)
+        return total
+
     def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
-        """Process one planned batch: count and reconcile first, then write, then commit."""
+        """Process one planned batch: count and reconcile first, then write, then commit.
+
+        A batch of at most :attr:`collect_max_rows` events (and no keyed state table) is
+        brought to the driver as Arrow in one Spark job, then counted, reconciled and
+        written with delta-rs (:func:`lakecast.delta.io.append_arrow`); a larger one is
+        counted and written by Spark jobs. Both write with the same transaction ids.
+        """
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -258,56 +289,35 @@ class MicroBatchPipeline:
                 )
         _crash_point("planned", plan.batch_id)
         events = self.read_events(plan)
+        logged = self.events_logged(plan)
+        collect = (not self.spec.state_table and logged is not None
+                   and logged <= self.collect_max_rows)
         rejected = None
+        bad = None
         if self.validator is not None:
             checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
             valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
-            by_reason = {r[0]: r[1] for r in checked.groupBy(REASON_COLUMN).count().collect()}
-            counts = {"events_in": sum(by_reason.values()),
-                      "rejected": sum(n for k, n in by_reason.items() if k is not None)}
+            if collect and logged is not None:  # the rejected rows' job fills the cache
+                bad = self._rejected_rows(rejected, plan).toArrow()
+                counts = {"events_in": logged, "rejected": bad.num_rows}
+            else:
+                by_reason = {r[0]: r[1]
+                             for r in checked.groupBy(REASON_COLUMN).count().collect()}
+                counts = {"events_in": sum(by_reason.values()),
+                          "rejected": sum(n for k, n in by_reason.items() if k is not None)}
         else:
             checked = events.persist(StorageLevel.MEMORY_AND_DISK)
             valid = checked
-            counts = {"events_in": checked.count()}
+            counts = {"events_in": logged if collect and logged is not None
+                      else checked.count()}
         _crash_point("read", plan.batch_id)
-        result = self.runtime.process_batch(valid, plan).persist()
+        result = self.runtime.process_batch(valid, plan)
         try:
-            by_output = result.output_counts()
-            unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs)
-            if unknown:
-                raise ReconciliationError(
-                    f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
-                    f"configured: {sorted(self.spec.side_outputs)}"
-                )
-            counts["enriched"] = by_output.get(None, 0)
-            for side in self.spec.side_outputs:
-                counts[side] = by_output.get(side, 0)
-            # the tasks count what they consumed (outputs need not be 1:1 with events)
-            counts["processed"] = sum(int(r["events_in"]) for r in result.task_rows())
-            counts.update(result.summary())
-            consumed = counts["processed"] + counts.get("rejected", 0)
-            if consumed != counts["events_in"]:
-                raise ReconciliationError(
-                    f"batch {plan.batch_id}: events in = {counts['events_in']} but the tasks "
-                    f"consumed {counts['processed']} and {counts.get('rejected', 0)} were "
-                    f"rejected ({counts}); nothing was written or committed"
-                )
-            # counts reconcile; the runtime's last check, still before any write
-            state_check = self.runtime.before_commit(result, plan)
-            # now write, each output idempotently; the main output first (freshness)
-            self._write(result.main, self.spec.output_table, "main", plan)
-            _crash_point("main_written", plan.batch_id)
-            for side, table in self.spec.side_outputs.items():
-                if side in result.side_output_names:
-                    self._write(result.side(side), table, side, plan)
-            if rejected is not None:
-                self._write_rejected(rejected, plan)
-            if self.spec.state_table:
-                _crash_point("outputs_written", plan.batch_id)
-            self.runtime.commit_state(result)
-            if self.spec.state_table:
-                _crash_point("state_written", plan.batch_id)
+            if collect and isinstance(result, CollectableOutput):
+                state_check = self._collected(result, bad, counts, plan)
+            else:
+                state_check = self._distributed(result.persist(), rejected, counts, plan)
             metrics = result.metrics()
         finally:
             result.unpersist()
@@ -337,27 +347,97 @@ class MicroBatchPipeline:
         checkpoint = self.runtime.after_commit(plan)
         return replace(batch, checkpoint=checkpoint) if checkpoint else batch
 
+    def _reconcile(self, by_output: Mapping[str | None, int], tasks: list[dict[str, Any]],
+                   summary: Mapping[str, int], counts: dict[str, int], plan: BatchPlan) -> None:
+        """Fill ``counts`` from the outputs and the tasks' accounting rows; raise unless
+        events in = events the tasks consumed + rejected (nothing is written yet)."""
+        unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs)
+        if unknown:
+            raise ReconciliationError(
+                f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
+                f"configured: {sorted(self.spec.side_outputs)}"
+            )
+        counts["enriched"] = by_output.get(None, 0)
+        for side in self.spec.side_outputs:
+            counts[side] = by_output.get(side, 0)
+        # the tasks count what they consumed (outputs need not be 1:1 with events)
+        counts["processed"] = sum(int(r["events_in"]) for r in tasks)
+        counts.update(summary)
+        consumed = counts["processed"] + counts.get("rejected", 0)
+        if consumed != counts["events_in"]:
+            raise ReconciliationError(
+                f"batch {plan.batch_id}: events in = {counts['events_in']} but the tasks "
+                f"consumed {counts['processed']} and {counts.get('rejected', 0)} were "
+                f"rejected ({counts}); nothing was written or committed"
+            )
+
+    def _collected(self, result: Any, bad: Any, counts: dict[str, int],
+                   plan: BatchPlan) -> Mapping[str, Any] | None:
+        """A small batch: one job for the outputs, then Arrow counts and delta-rs writes
+        (``bad``: the rejected rows, already collected)."""
+        out = result.collect()
+        self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan)
+        state_check = self.runtime.before_commit(result, plan)
+        self._append(out.main, self.spec.output_table, "main", plan)  # first: freshness
+        _crash_point("main_written", plan.batch_id)
+        for side, table in self.spec.side_outputs.items():
+            if side in out.sides:
+                self._append(out.side(side), table, side, plan)
+        if bad is not None and bad.num_rows:
+            self._append(bad, self._rejected_table(), "rejected", plan)
+        self.runtime.commit_state(result)
+        return state_check
+
+    def _distributed(self, result: Any, rejected: DataFrame | None, counts: dict[str, int],
+                     plan: BatchPlan) -> Mapping[str, Any] | None:
+        """A large batch: counted by Spark actions, written by Spark jobs."""
+        self._reconcile(result.output_counts(), result.task_rows(), result.summary(),
+                        counts, plan)
+        state_check = self.runtime.before_commit(result, plan)
+        self._write(result.main, self.spec.output_table, "main", plan)  # first: freshness
+        _crash_point("main_written", plan.batch_id)
+        for side, table in self.spec.side_outputs.items():
+            if side in result.side_output_names:
+                self._write(result.side(side), table, side, plan)
+        if rejected is not None:
+            self._write(self._rejected_rows(rejected, plan), self._rejected_table(),
+                        "rejected", plan)
+        if self.spec.state_table:
+            _crash_point("outputs_written", plan.batch_id)
+        self.runtime.commit_state(result)
+        if self.spec.state_table:
+            _crash_point("state_written", plan.batch_id)
+        return state_check
+
+    def _append(self, table: Any, name: str, output: str, plan: BatchPlan) -> None:
+        delta_io.append_arrow(table, self.table_path(name),
+                              txn=(f"{self.spec.name}:{output}", plan.batch_id))
+
     def _write(self, df: DataFrame, table: str, output: str, plan: BatchPlan) -> None:
         delta_io.write(
             df, self.table_path(table), txn=(f"{self.spec.name}:{output}", plan.batch_id),
             merge_schema=True,
         )
 
-    def _write_rejected(self, rejected: DataFrame, plan: BatchPlan) -> None:
-        from pyspark.sql import functions as F
-
+    def _rejected_table(self) -> str:
         if self.spec.rejected_table is None:
             raise ReconciliationError(
                 f"invalid events and no rejected table configured for {self.spec.name}"
             )
-        rows = rejected.select(
+        return self.spec.rejected_table
+
+    @staticmethod
+    def _rejected_rows(rejected: DataFrame, plan: BatchPlan) -> DataFrame:
+        """Rejected events as (reason, raw_record JSON, batch_id)."""
+        from pyspark.sql import functions as F
+
+        return rejected.select(
             F.col(REASON_COLUMN).alias("reason"),
             F.to_json(F.struct(*[c for c in rejected.columns if c != REASON_COLUMN])).alias(
                 "raw_record"
             ),
             F.lit(plan.batch_id).alias("batch_id"),
         )
-        self._write(rows, self.spec.rejected_table, "rejected", plan)
 
     # -- driver ---------------------------------------------------------------
 

@@ -33,7 +33,8 @@ PROGRESS_SCHEMA = (
     "broadcast_versions STRING, counts STRING, recorded_at_ms LONG, output_versions STRING, "
     "refused STRING"
 )
-PROGRESS_COLUMNS = [c.strip().split()[0] for c in PROGRESS_SCHEMA.split(",")]
+PROGRESS_TYPES = [tuple(c.split()) for c in PROGRESS_SCHEMA.split(", ")]
+PROGRESS_COLUMNS = [c for c, _ in PROGRESS_TYPES]
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,14 @@ class ProgressLog:
                                                       version=version).collect()]
 
     def _append(self, row: dict[str, Any], kind: str) -> None:
+        import pyarrow as pa
+
         row = {c: row.get(c) for c in PROGRESS_COLUMNS}
-        df = self.spark.createDataFrame([row], PROGRESS_SCHEMA)
-        delta_io.write(df, self.path, txn=(f"{self.pipeline}-{kind}", row["batch_id"]),
-                       merge_schema=True)
+        schema = pa.schema([(c, pa.int64() if t == "LONG" else pa.string())
+                            for c, t in PROGRESS_TYPES])
+        # one small commit without a Spark job (delta-rs), exactly once by its txn
+        delta_io.append_arrow(pa.Table.from_pylist([row], schema), self.path,
+                              txn=(f"{self.pipeline}-{kind}", row["batch_id"]))
 
     def write_plan(self, plan: BatchPlan) -> None:
         restore = plan.restore_of is not None

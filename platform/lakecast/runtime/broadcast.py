@@ -44,6 +44,7 @@ from lakecast.delta.log import DeltaIOError, commit_info
 from lakecast.delta.source import latest_versions, read_broadcast_elements
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import TASK_SIDE
+from lakecast.runtime.collected import CollectedOutput, split_outputs
 from lakecast.runtime.executor import (
     OUTPUT_COLUMN,
     SIDE_PREFIX,
@@ -146,6 +147,13 @@ class BroadcastResult:
         if self._persisted:
             self.frame.unpersist()
             self._persisted = False
+
+    def collect(self) -> CollectedOutput:
+        """Run the batch (one Spark action) and bring every output to the driver as
+        Arrow; the tasks' accounting rows are kept for :meth:`metrics`."""
+        out = split_outputs(self.frame.toArrow(), self.layout.sides, self.layout.lineage)
+        self._task_rows = out.task_rows
+        return out
 
     def output_counts(self) -> dict[str | None, int]:
         """Rows per output (``None``: main), internal outputs excluded; one action."""

@@ -1,0 +1,62 @@
+"""Small appends without a Spark job: Arrow tables committed with ``deltalake`` (delta-rs).
+
+A micro-batch's outputs and its progress-log rows are small; a Spark Delta write of a few
+thousand rows costs ~1.4 s on a warm local session (a job, then the commit and snapshot
+update), the same append through delta-rs ~10 ms. Exactly once works as with Spark's
+``txnAppId``/``txnVersion``: the commit carries a ``txn`` action, and an append whose
+transaction version for the app id is already committed is skipped.
+
+Tables are created, when missing, with the same table properties Lakecast's Spark
+sessions give new tables (the Change Data Feed on), so both writers produce the same
+tables; the :mod:`lakecast.delta.io` facade re-exports :func:`append_arrow`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lakecast.delta.log import CDF_PROPERTY, DeltaIOError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: properties of a table this module creates (as ``spark_conf``'s defaults for Spark)
+NEW_TABLE_PROPERTIES = {CDF_PROPERTY: "true"}
+
+
+def _uri(path: str) -> str:
+    return path.removeprefix("file://") if path.startswith("file://") else path
+
+
+def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = None,
+                 merge_schema: bool = True) -> int | None:
+    """Append ``table`` to the Delta table at ``path`` (created if missing); returns the
+    version committed, or ``None`` when ``txn=(app_id, version)`` was already committed
+    (nothing written). ``merge_schema`` adds new columns as Spark's ``mergeSchema`` does."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = _uri(path)
+    try:
+        existing: DeltaTable | None = DeltaTable(uri)
+    except TableNotFoundError:
+        existing = None
+    if existing is not None and txn is not None:
+        done = existing.transaction_version(txn[0])
+        if done is not None and done >= txn[1]:
+            return None
+    props = CommitProperties(app_transactions=[Transaction(txn[0], txn[1])]) if txn else None
+    try:
+        write_deltalake(
+            existing if existing is not None else uri, table, mode="append",
+            schema_mode="merge" if merge_schema and existing is not None else None,
+            configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
+            commit_properties=props,
+        )
+    except Exception as exc:  # delta-rs raises its own types; name the table and the fix
+        raise DeltaIOError(
+            f"appending {table.num_rows} rows to the Delta table at {path} failed: {exc}. "
+            f"Check that the table's schema accepts the rows (columns and types) and that "
+            f"the storage is writable."
+        ) from exc
+    return DeltaTable(uri).version()
