@@ -37,7 +37,13 @@ from pydantic import Field
 
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.batch_metadata import record_batch, record_missed
-from jobs.enrichment_pipeline import ENRICHMENT, build_pipeline, pipeline_versions, summarize
+from jobs.enrichment_pipeline import (
+    DEFAULT_CHECKPOINT_EVERY,
+    ENRICHMENT,
+    build_pipeline,
+    pipeline_versions,
+    summarize,
+)
 from jobs.microbatch import log_batch
 from jobs.runs import CONTINUOUS_JOB, refuse_second_writer
 from lakecast.pipeline.micro_batch import BatchResult
@@ -53,7 +59,8 @@ class ContinuousConfig(Config):
                                 "logs for new versions while idle.")
     max_batches: int | None = Field(default=None, description="End after this many batches.")
     checkpoint_every: int = Field(
-        default=10, description="Checkpoint the broadcast state every N batches (a "
+        default=DEFAULT_CHECKPOINT_EVERY,
+        description="Checkpoint the broadcast state every N batches (a "
         "checkpoint hashes every task's state before the batch writes: off most batches' "
         "path; a cold start restores the last one and applies the versions since).")
 

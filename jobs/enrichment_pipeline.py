@@ -30,6 +30,11 @@ OUTPUTS = (
     (ENRICHMENT_REJECTED, "rejected"),
 )  # fmt: skip
 
+#: checkpoint the broadcast state every N batches (Flink checkpoints by interval, too): a
+#: checkpoint hashes every task's state and writes it, so it stays off most batches' path;
+#: a cold start restores the newest one and applies the table versions since
+DEFAULT_CHECKPOINT_EVERY = 10
+
 ENRICHMENT = PipelineSpec(
     name="enrichment",
     events_table=EVENTS,
@@ -46,7 +51,7 @@ def build_pipeline(
     max_versions_per_batch: int | None = None,
     *,
     parallelism: int | None = None,
-    checkpoint_every: int | None = 1,
+    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
     keep_checkpoints: int | None = 10,
     function_id: str = "storefront-enrichment",
 ) -> MicroBatchPipeline:

@@ -35,6 +35,7 @@ from assets.resources import LakecastSparkResource, LakeResource
 from jobs.batch_metadata import record_batch, record_missed, result_metadata
 from jobs.enrichment import StorefrontEnrichment
 from jobs.enrichment_pipeline import (
+    DEFAULT_CHECKPOINT_EVERY,
     ENRICHED_EVENTS,
     ENRICHMENT,
     ENRICHMENT_REJECTED,
@@ -86,6 +87,10 @@ class MicroBatchRunConfig(Config):
     max_versions_per_batch: int | None = Field(
         default=None, description="Events versions one batch reads at most (default: all "
         "the run processes, in one batch).")
+    checkpoint_every: int = Field(
+        default=DEFAULT_CHECKPOINT_EVERY, description="Checkpoint the broadcast state every "
+        "N batches (counted across runs; a cold start restores the newest checkpoint and "
+        "applies the table versions since).")
     follow: bool = Field(
         default=False, description="Also process what commits while the run is going "
         "(until caught up); by default a run processes the versions it was requested for.")
@@ -124,7 +129,8 @@ def enrichment_microbatch_assets(
     except LakecastError as e:  # the reason as the step's failure, not a chained traceback
         raise Failure(description=str(e)) from e
     pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings,
-                              config.max_versions_per_batch)
+                              config.max_versions_per_batch,
+                              checkpoint_every=config.checkpoint_every)
     held: list[BatchResult] = []
 
     def before_batch(plan: BatchPlan) -> None:
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cap the events versions one batch reads")
     parser.add_argument("--parallelism", type=int, default=None,
                         help="tasks per batch and per checkpoint (a restart may change it)")
-    parser.add_argument("--checkpoint-every", type=int, default=1,
+    parser.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
                         help="checkpoint the broadcast state every N batches (0: never)")
     parser.add_argument("--keep-checkpoints", type=int, default=10)
     args = parser.parse_args(argv)

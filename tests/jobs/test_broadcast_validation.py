@@ -86,7 +86,7 @@ def test_bad_versions_are_refused_and_the_last_good_state_keeps_enriching(spark,
     segs = ml.segments_v1()
     v0 = ml.products()
     ml.build(spark, lake)  # dim_products v0, user_segments v0, feature_flags v0 (10%)
-    pipeline = build_pipeline(spark, lake)
+    pipeline = build_pipeline(spark, lake, checkpoint_every=1)
     ev, r = _batch(spark, lake, pipeline, 0, seed=1)
     assert r.state_version == {DIM_PRODUCTS: 0, USER_SEGMENTS: 0, FEATURE_FLAGS: 0}
     assert (r.refused_versions, r.full_reloads) == ([], [])
@@ -157,7 +157,7 @@ def test_bad_versions_are_refused_and_the_last_good_state_keeps_enriching(spark,
     flags.set_flag(spark, lake.table_path(FEATURE_FLAGS), "vip_discount", "ten")
     v6 = v2.assign(price=[11.0, 22.0, 33.0, 44.0])
     assert _overwrite(spark, lake, v6) == 6
-    restarted = build_pipeline(spark, lake)
+    restarted = build_pipeline(spark, lake, checkpoint_every=1)
     ev5, r = _batch(spark, lake, restarted, 5000, seed=6)
     flag_reason = ("feature_flags@v1: flag='vip_discount' has value='ten', not a percent from "
                    "0 to 100; write a version of feature_flags whose vip_discount value is a "
@@ -229,7 +229,7 @@ def test_a_table_absent_at_plan_time_stays_absent_in_the_redo(spark, lake):
     proc = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=600, start_new_session=True)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-    pipeline = build_pipeline(spark, lake)
+    pipeline = build_pipeline(spark, lake, checkpoint_every=1)
     first = pipeline.log.pending()
     assert first is not None and first.broadcast_versions == {DIM_PRODUCTS: 0,
                                                               USER_SEGMENTS: 0}

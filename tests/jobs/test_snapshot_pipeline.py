@@ -80,7 +80,7 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     _inputs(spark, lake_a, 0)
     _inputs(spark, lake_b, 0)
     assert [r.plan.batch_id for r in run_a.run()] == [0]
-    b2 = build_pipeline(spark, lake_b, 1, parallelism=2, function_id="snap-b2")
+    b2 = build_pipeline(spark, lake_b, 1, parallelism=2, checkpoint_every=1, function_id="snap-b2")
     assert [r.plan.batch_id for r in b2.run()] == [0]
     (h0,) = store.headers()
     assert (h0.checkpoint_id, h0.batch_id, h0.events_end, h0.parallelism) == (0, 0, 0, 2)
@@ -105,7 +105,7 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     _inputs(spark, lake_a, 1)
     _inputs(spark, lake_b, 1)
     assert [r.plan.batch_id for r in run_a.run()] == [1]
-    b4 = build_pipeline(spark, lake_b, 1, parallelism=4, function_id="snap-b4")
+    b4 = build_pipeline(spark, lake_b, 1, parallelism=4, checkpoint_every=1, function_id="snap-b4")
     (r1,) = b4.run()
     assert r1.plan.batch_id == 1 and r1.parallelism == 4
     rt4 = b4.runtime
@@ -118,7 +118,7 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     _inputs(spark, lake_a, 2)
     _inputs(spark, lake_b, 2)
     assert [r.plan.batch_id for r in run_a.run()] == [2]
-    b1 = build_pipeline(spark, lake_b, 1, parallelism=1, function_id="snap-b1")
+    b1 = build_pipeline(spark, lake_b, 1, parallelism=1, checkpoint_every=1, function_id="snap-b1")
 
     def broken(events, plan):
         raise RuntimeError("executor lost")
@@ -126,7 +126,7 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     b1.runtime.process_batch = broken  # fault injection: this pipeline is discarded
     with pytest.raises(RuntimeError, match="executor lost"):
         b1.run()
-    b1 = build_pipeline(spark, lake_b, 1, parallelism=1, function_id="snap-b1b")
+    b1 = build_pipeline(spark, lake_b, 1, parallelism=1, checkpoint_every=1, function_id="snap-b1b")
     (r2,) = b1.run()
     assert r2.redone and r2.plan.batch_id == 2
     assert b1.runtime.restored.header.checkpoint_id == 1
@@ -153,7 +153,8 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     assert "rewound to after batch 1" in capsys.readouterr().out
     enriched = delta_io.read(spark, lake_b.table_path(ENRICHED_EVENTS)).toPandas()
     assert enriched.event_id.max() < 200  # batch 2's events are gone
-    again = build_pipeline(spark, lake_b, 1, parallelism=2, function_id="snap-b2b")
+    again = build_pipeline(spark, lake_b, 1, parallelism=2, checkpoint_every=1,
+                           function_id="snap-b2b")
     (r3,) = again.run()
     assert r3.plan.batch_id == 4 and r3.plan.events_start == 1  # after the rewind row (3)
     assert again.runtime.restored.header.checkpoint_id == 1  # not the abandoned 2
@@ -199,7 +200,7 @@ def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(spark, lake
     run_a = build_pipeline(spark, lake_a, 1, parallelism=2, checkpoint_every=None,
                            function_id="dmg-a")
     store = SnapshotStore(spark, snapshot_path(lake, "enrichment"), "enrichment")
-    b = build_pipeline(spark, lake, 1, parallelism=2, function_id="dmg-b")
+    b = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=1, function_id="dmg-b")
     for step in range(4):  # batches 0..3, a checkpoint after each
         _step(spark, lake_a, step)
         _step(spark, lake, step)
@@ -217,7 +218,7 @@ def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(spark, lake
     _step(spark, lake_a, 4)
     _step(spark, lake, 4)
     run_a.run()
-    cold = build_pipeline(spark, lake, 1, parallelism=2, function_id="dmg-b2")
+    cold = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=1, function_id="dmg-b2")
     (r4,) = cold.run()
     assert r4.plan.batch_id == 4 and not r4.redone
     assert cold.runtime.restored.header.checkpoint_id == 0  # newest that reads and verifies
@@ -235,7 +236,8 @@ def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(spark, lake
     _step(spark, lake_a, 5)
     _step(spark, lake, 5)
     run_a.run()
-    rebuilt = build_pipeline(spark, lake, 1, parallelism=2, function_id="dmg-b3")
+    rebuilt = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=1,
+                             function_id="dmg-b3")
     (r5,) = rebuilt.run()
     assert r5.plan.batch_id == 5 and rebuilt.runtime.restored is None
     assert r5.state_check["restored_from_checkpoint"] == -1
