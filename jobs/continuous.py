@@ -112,8 +112,11 @@ def enrichment_continuous_loop(
     deadline = time.monotonic() + config.max_seconds
     seen: dict[str, int | None] | None = None
     next_status_check = 0.0
-    context.log.info(f"watching {list(pipeline_versions(settings))} for up to "
-                     f"{config.max_seconds:.0f}s")
+    t0 = time.monotonic()
+    cold = pipeline.warm_up()  # the first batch then finds its task-local state built
+    context.log.info(f"task-local state warmed in {time.monotonic() - t0:.1f}s "
+                     f"({cold} task(s) were cold); watching {list(pipeline_versions(settings))} "
+                     f"for up to {config.max_seconds:.0f}s")
     with StopRequest() as stop:
         try:
             while time.monotonic() < deadline and not stop.requested:

@@ -32,8 +32,6 @@ Rewinds (:mod:`lakecast.pipeline.rewind`) go back to a checkpointed batch.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -43,6 +41,7 @@ from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import BatchRuntime, CollectableOutput
+from lakecast.pipeline.faults import crash_point
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog
 from lakecast.pipeline.rewind import finish_rewind
 
@@ -55,21 +54,6 @@ COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
-
-
-CRASH_ENV = "LAKECAST_CRASH_AT"
-"""Fault injection for tests: ``LAKECAST_CRASH_AT=<point>`` kills the process with
-SIGKILL at that point of a batch (``planned``, ``read``, ``main_written``,
-``outputs_written``, ``state_written``); ``<point>:<batch_id>`` limits it to one batch."""
-
-
-def _crash_point(point: str, batch_id: int) -> None:
-    target = os.environ.get(CRASH_ENV)
-    if not target:
-        return
-    name, _, only = target.partition(":")
-    if name == point and (not only or int(only) == batch_id):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class AppendOnlyError(LakecastError):
@@ -287,7 +271,7 @@ class MicroBatchPipeline:
                     f"{self.spec.name}: batch {plan.batch_id} was planned by another process "
                     f"({logged}); only one run of a pipeline may be active at a time"
                 )
-        _crash_point("planned", plan.batch_id)
+        crash_point("planned", plan.batch_id)
         events = self.read_events(plan)
         logged = self.events_logged(plan)
         collect = (not self.spec.state_table and logged is not None
@@ -311,7 +295,7 @@ class MicroBatchPipeline:
             valid = checked
             counts = {"events_in": logged if collect and logged is not None
                       else checked.count()}
-        _crash_point("read", plan.batch_id)
+        crash_point("read", plan.batch_id)
         result = self.runtime.process_batch(valid, plan)
         try:
             if collect and isinstance(result, CollectableOutput):
@@ -322,7 +306,7 @@ class MicroBatchPipeline:
         finally:
             result.unpersist()
             checked.unpersist()
-        _crash_point("outputs_written", plan.batch_id)
+        crash_point("outputs_written", plan.batch_id)
         output_versions = self.output_versions()
         self.log.write_commit(BatchCommit(plan.batch_id, counts,
                                           output_versions=output_versions))
@@ -379,7 +363,7 @@ class MicroBatchPipeline:
         self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan)
         state_check = self.runtime.before_commit(result, plan)
         self._append(out.main, self.spec.output_table, "main", plan)  # first: freshness
-        _crash_point("main_written", plan.batch_id)
+        crash_point("main_written", plan.batch_id)
         for side, table in self.spec.side_outputs.items():
             if side in out.sides:
                 self._append(out.side(side), table, side, plan)
@@ -395,7 +379,7 @@ class MicroBatchPipeline:
                         counts, plan)
         state_check = self.runtime.before_commit(result, plan)
         self._write(result.main, self.spec.output_table, "main", plan)  # first: freshness
-        _crash_point("main_written", plan.batch_id)
+        crash_point("main_written", plan.batch_id)
         for side, table in self.spec.side_outputs.items():
             if side in result.side_output_names:
                 self._write(result.side(side), table, side, plan)
@@ -403,10 +387,10 @@ class MicroBatchPipeline:
             self._write(self._rejected_rows(rejected, plan), self._rejected_table(),
                         "rejected", plan)
         if self.spec.state_table:
-            _crash_point("outputs_written", plan.batch_id)
+            crash_point("outputs_written", plan.batch_id)
         self.runtime.commit_state(result)
         if self.spec.state_table:
-            _crash_point("state_written", plan.batch_id)
+            crash_point("state_written", plan.batch_id)
         return state_check
 
     def _append(self, table: Any, name: str, output: str, plan: BatchPlan) -> None:
@@ -438,6 +422,20 @@ class MicroBatchPipeline:
             ),
             F.lit(plan.batch_id).alias("batch_id"),
         )
+
+    def warm_up(self) -> int | None:
+        """Build the runtime's task-local state at the last committed batch's versions
+        before the first batch (a continuous run's first batch then runs warm); returns
+        the tasks that were cold, ``None`` when the runtime cannot warm up or nothing is
+        committed yet."""
+        warm = getattr(self.runtime, "warm_up", None)
+        last, _ = self.log.last_committed()
+        if warm is None or last is None:
+            return None
+        events = delta_io.read(self.spark, self.table_path(self.spec.events_table))
+        if self.validator is not None:
+            events = self.validator(events).drop(REASON_COLUMN)
+        return int(warm(events, last.broadcast_versions))
 
     # -- driver ---------------------------------------------------------------
 

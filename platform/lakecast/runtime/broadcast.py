@@ -60,7 +60,7 @@ from lakecast.runtime.metrics import (
     TaskMetrics,
     check_budget,
 )
-from lakecast.runtime.tasks import ChainLink, TaskPlan, run_task
+from lakecast.runtime.tasks import WARM_SCHEMA, ChainLink, TaskPlan, run_task, warm_task
 from lakecast.spark import default_parallelism, is_connect
 
 if TYPE_CHECKING:
@@ -403,6 +403,19 @@ class BroadcastRuntime:
         return BroadcastResult(
             frame, layout, dict(self.version), new, self.state_budget_bytes, refresh_s
         )
+
+    def warm_up(self, events: DataFrame, until: Mapping[str, int] | None = None) -> int:
+        """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``:
+        the batches' input, for its schema), so that a first batch runs warm; returns the
+        tasks that were cold."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.refresh(until)
+        plan = self.plan(to_arrow_schema(events.schema, timezone="UTC"))
+        p = self.parallelism or default_parallelism(self.spark)
+        rows = self.spark.range(0, p, 1, p).mapInArrow(
+            lambda batches: warm_task(plan, batches), WARM_SCHEMA).collect()
+        return sum(int(r[0]) for r in rows)
 
     # -- the runtime contract (lakecast.pipeline.contract.BatchRuntime) ----------------
     def process_batch(self, events: DataFrame, plan: BatchPlan) -> BroadcastResult:

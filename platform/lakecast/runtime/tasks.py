@@ -141,6 +141,19 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     yield from plan.layout.encode(accounting, version)
 
 
+WARM_SCHEMA = "cold int"
+
+
+def warm_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task that only acquires the state at the plan's version (a warm-up before a first
+    batch); one row: whether it had to build the state from scratch."""
+    for _ in batches:
+        pass
+    _, status, _, _ = acquire(plan)
+    yield pa.RecordBatch.from_pylist([{"cold": int(status == "cold")}],
+                                     schema=pa.schema([("cold", pa.int32())]))
+
+
 def _count(item: Any) -> int:
     if isinstance(item, Mapping):
         return 1
