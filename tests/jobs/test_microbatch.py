@@ -59,6 +59,9 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     ml.write_events(spark, lake, batch2)
 
     pipeline = build_pipeline(spark, lake)
+    # batch 0 was small: collected and written with delta-rs; batch 1 takes the path of a
+    # large batch (Spark counts and writes): both must give the pandas reference
+    pipeline.collect_max_rows = 0
     results = pipeline.run()
     assert [r.plan.batch_id for r in results] == [1]
     r = results[0]
