@@ -79,18 +79,44 @@ class ProgressLog:
         self.spark = spark
         self.path = path
         self.pipeline = pipeline
+        #: (version, its commit timestamp, rows) of the last read
+        self._cache: tuple[int, int | None, list[dict[str, Any]]] | None = None
 
     def _rows(self) -> list[dict[str, Any]]:
         """The log's rows: read from its Parquet files without a Spark job when the table
-        allows it (a local path, no deletion vectors), else with Spark."""
+        allows it (a local path, no deletion vectors), else with Spark. The rows read are
+        kept: the next read adds only the rows of commits that append (a long-running
+        pipeline does not re-read its whole log every batch)."""
         version = delta_io.latest_version(self.path, self.spark)
         if version is None:
+            self._cache = None
             return []
+        cached = self._cache
+        if (cached is not None and cached[0] <= version and cached[1] is not None
+                and self._stamp(cached[0]) == cached[1]):
+            added = (delta_io.read_changes_from_log(self.path, cached[0] + 1, version)
+                     if cached[0] < version else {})
+            if added is not None and all(
+                    set(t.column("_change_type").to_pylist()) <= {"insert"}
+                    for t in added.values()):
+                rows = cached[2] + [_row(r) for t in added.values()
+                                    for r in t.drop_columns(["_change_type"]).to_pylist()]
+                self._cache = (version, self._stamp(version), rows)
+                return list(rows)
         try:
-            return delta_io.table_files(self.path, version).read().to_pylist()
+            rows = [_row(r) for r in delta_io.table_files(self.path, version).read().to_pylist()]
         except delta_io.DirectReadUnsupported:
-            return [r.asDict() for r in delta_io.read(self.spark, self.path,
-                                                      version=version).collect()]
+            rows = [_row(r.asDict()) for r in delta_io.read(self.spark, self.path,
+                                                            version=version).collect()]
+        self._cache = (version, self._stamp(version), rows)
+        return list(rows)
+
+    def _stamp(self, version: int) -> int | None:
+        """The commit timestamp of ``version`` (tells a recreated log from the one read)."""
+        try:
+            return delta_io.commit_info(self.path, version, self.spark).timestamp_ms
+        except (delta_io.DeltaIOError, OSError):
+            return None
 
     def _append(self, row: dict[str, Any], kind: str) -> None:
         import pyarrow as pa
@@ -204,6 +230,11 @@ class ProgressLog:
     @staticmethod
     def as_dict(obj: BatchPlan | BatchCommit) -> dict[str, Any]:
         return asdict(obj)
+
+
+def _row(raw: dict[str, Any]) -> dict[str, Any]:
+    """A log row with every column (files written before a column was added lack it)."""
+    return {c: raw.get(c) for c in PROGRESS_COLUMNS}
 
 
 def progress_path(checkpoint_root: str, pipeline: str) -> str:
