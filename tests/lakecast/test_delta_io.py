@@ -186,3 +186,27 @@ def test_source_full_element_is_a_file_list_that_pickles_without_rows(spark, lak
     assert len(pickle.dumps(el)) == small < want.nbytes / 10  # rows never travel
     copy = pickle.loads(pickle.dumps(el))
     assert copy.num_rows == 2000 and _sorted(copy.rows).equals(_sorted(el.rows))
+
+
+def test_arrow_append_is_exactly_once_merges_schema_and_reads_back_in_spark(spark, lake):
+    import pyarrow as pa
+
+    path = lake.table_path("arrow_out")
+    first = pa.table({"id": pa.array([1, 2], pa.int64()), "name": ["a", "b"]})
+    assert delta_io.append_arrow(first, path, txn=("app", 0)) == 0  # created by delta-rs
+    assert delta_io.append_arrow(first, path, txn=("app", 0)) is None  # a retry: skipped
+    wider = pa.table({"id": pa.array([3], pa.int64()), "name": ["c"], "score": [3.5]})
+    assert delta_io.append_arrow(wider, path, txn=("app", 1)) == 1
+    # a Spark append after the delta-rs ones keeps the same exactly-once bookkeeping
+    spark_rows = spark.createDataFrame([(4, "d", 4.0)], "id LONG, name STRING, score DOUBLE")
+    assert delta_io.write(spark_rows, path, txn=("app", 1)) == 1  # txn 1 done: skipped
+    assert delta_io.write(spark_rows, path, txn=("app", 2)) == 2
+    got = delta_io.read(spark, path).toPandas().sort_values("id").reset_index(drop=True)
+    want = pd.DataFrame({"id": [1, 2, 3, 4], "name": list("abcd"),
+                         "score": [None, None, 3.5, 4.0]})
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert delta_io.table_properties(spark, path)[delta_io.CDF_PROPERTY] == "true"
+    cdf = delta_io.read_changes(spark, path, 1, 2).toPandas()
+    assert sorted(cdf.id) == [3, 4] and set(cdf._change_type) == {"insert"}
+    with pytest.raises(delta_io.DeltaIOError, match="arrow_out"):  # names the table
+        delta_io.append_arrow(pa.table({"id": ["not a number"]}), path, txn=("app", 3))
