@@ -35,9 +35,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks.sensor_freshness import bench_env, build_lake
 from lakecast.config import PROJECT_ROOT, get_settings
+
+if TYPE_CHECKING:
+    from lakecast.server import Server
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 MODES = ("sensor", "continuous", "streaming")
@@ -216,14 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.streaming_query:
         return streaming_query(args.streaming_query)
 
-    from lakecast.server import ensure_server
+    from lakecast.server import Server
 
     base = Path(args.root) / "base"
     shutil.rmtree(Path(args.root), ignore_errors=True)
     (base / "dagster_home").mkdir(parents=True)
     shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
                 base / "dagster_home" / "dagster.yaml")
-    server = ensure_server()
+    server = Server.from_settings()
+    started = server.pid is None  # stop it at the end only if this run started it
+    server.start()
+    try:
+        return _run(args, base, server)
+    finally:
+        if started:
+            server.stop()
+
+
+def _run(args: argparse.Namespace, base: Path, server: Server) -> int:
+    """The benchmark proper, on ``server`` (see the module doc)."""
     env = bench_env(base, server.url, args.interval)
     os.environ.update(env)
     t0 = time.monotonic()
