@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
                 base / "dagster_home" / "dagster.yaml")
     server = Server.from_settings()
-    started = server.pid is None  # stop it at the end only if this run started it
+    started = server.pid() is None  # stop it at the end only if this run started it
     server.start()
     try:
         return _run(args, base, server)
