@@ -89,9 +89,10 @@ class CollectableOutput(Protocol):
     """A :class:`BatchOutput` that can bring all its outputs to the driver in one action
     (small batches are then counted and written without further Spark jobs)."""
 
-    def collect(self) -> Any:
+    def collect(self, extra: DataFrame | None = None) -> Any:
         """Run the batch once; the outputs as Arrow (``main``, ``side(name)``,
-        ``output_counts()``, ``task_rows``)."""
+        ``output_counts()``, ``task_rows``) and, from the same job, the rows of ``extra``
+        (``.extra``)."""
         ...
 
 

@@ -277,14 +277,12 @@ class MicroBatchPipeline:
         collect = (not self.spec.state_table and logged is not None
                    and logged <= self.collect_max_rows)
         rejected = None
-        bad = None
         if self.validator is not None:
             checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
             valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
-            if collect and logged is not None:  # the rejected rows' job fills the cache
-                bad = self._rejected_rows(rejected, plan).toArrow()
-                counts = {"events_in": logged, "rejected": bad.num_rows}
+            if collect and logged is not None:  # counted from the collected rows
+                counts = {"events_in": logged}
             else:
                 by_reason = {r[0]: r[1]
                              for r in checked.groupBy(REASON_COLUMN).count().collect()}
@@ -299,7 +297,7 @@ class MicroBatchPipeline:
         result = self.runtime.process_batch(valid, plan)
         try:
             if collect and isinstance(result, CollectableOutput):
-                state_check = self._collected(result, bad, counts, plan)
+                state_check = self._collected(result, rejected, counts, plan)
             else:
                 state_check = self._distributed(result.persist(), rejected, counts, plan)
             metrics = result.metrics()
@@ -355,11 +353,15 @@ class MicroBatchPipeline:
                 f"rejected ({counts}); nothing was written or committed"
             )
 
-    def _collected(self, result: Any, bad: Any, counts: dict[str, int],
+    def _collected(self, result: Any, rejected: DataFrame | None, counts: dict[str, int],
                    plan: BatchPlan) -> Mapping[str, Any] | None:
-        """A small batch: one job for the outputs, then Arrow counts and delta-rs writes
-        (``bad``: the rejected rows, already collected)."""
-        out = result.collect()
+        """A small batch: one job for the outputs and the rejected rows, then Arrow counts
+        and delta-rs writes."""
+        out = result.collect(None if rejected is None
+                             else self._rejected_rows(rejected, plan))
+        bad = out.extra
+        if bad is not None:
+            counts["rejected"] = bad.num_rows
         self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan)
         state_check = self.runtime.before_commit(result, plan)
         self._append(out.main, self.spec.output_table, "main", plan)  # first: freshness

@@ -44,7 +44,7 @@ from lakecast.delta.log import DeltaIOError, commit_info
 from lakecast.delta.source import latest_versions, read_broadcast_elements
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import TASK_SIDE
-from lakecast.runtime.collected import CollectedOutput, split_outputs
+from lakecast.runtime.collected import EXTRA, CollectedOutput, split_outputs, with_extra
 from lakecast.runtime.executor import (
     OUTPUT_COLUMN,
     SIDE_PREFIX,
@@ -148,10 +148,14 @@ class BroadcastResult:
             self.frame.unpersist()
             self._persisted = False
 
-    def collect(self) -> CollectedOutput:
+    def collect(self, extra: DataFrame | None = None) -> CollectedOutput:
         """Run the batch (one Spark action) and bring every output to the driver as
-        Arrow; the tasks' accounting rows are kept for :meth:`metrics`."""
-        out = split_outputs(self.frame.toArrow(), self.layout.sides, self.layout.lineage)
+        Arrow, with the rows of ``extra`` (e.g. the rejected events) from the same job;
+        the tasks' accounting rows are kept for :meth:`metrics`."""
+        frame, sides = self.frame, dict(self.layout.sides)
+        if extra is not None:
+            frame, sides[EXTRA] = with_extra(frame, extra)
+        out = split_outputs(frame.toArrow(), sides, self.layout.lineage)
         self._task_rows = out.task_rows
         return out
 

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakecast.pipeline.contract import TASK_SIDE
 from lakecast.runtime.executor import OUTPUT_COLUMN, SIDE_PREFIX, VERSION_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: the tag of rows collected with the outputs in the same job (e.g. rejected events)
+EXTRA = "_extra"
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,8 @@ class CollectedOutput:
     main: pa.Table
     sides: Mapping[str, pa.Table]
     task_rows: list[dict[str, Any]]
+    #: the rows of the ``extra`` frame collected in the same job (:func:`with_extra`)
+    extra: pa.Table | None = None
 
     def output_counts(self) -> dict[str | None, int]:
         """Rows per output (``None``: main), internal outputs excluded."""
@@ -50,11 +58,29 @@ def split_outputs(table: pa.Table, sides: Mapping[str, pa.Schema], lineage: bool
         if isinstance(struct, pa.ChunkedArray):  # an empty column has no chunk
             struct = pa.array([], type=struct.type)
         cols = {f: struct.field(f) for f in schema.names}
-        if lineage:
+        if lineage and name != EXTRA:
             cols[VERSION_COLUMN] = rows.column(VERSION_COLUMN).combine_chunks()
         out[name] = pa.table(cols) if cols else pa.table({})
     tasks = out.pop(TASK_SIDE, None)
+    extra = out.pop(EXTRA, None)
     task_rows = sorted(tasks.drop_columns([c for c in tasks.column_names
                                            if c == VERSION_COLUMN]).to_pylist()
                        if tasks is not None else [], key=lambda r: r["task"])
-    return CollectedOutput(main, out, task_rows)
+    return CollectedOutput(main, out, task_rows, extra)
+
+
+def with_extra(frame: DataFrame, extra: DataFrame) -> tuple[DataFrame, pa.Schema]:
+    """``frame`` with the rows of ``extra`` added as the side output :data:`EXTRA` (one
+    struct column), so one action brings both to the driver; and ``extra``'s schema."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    column = SIDE_PREFIX + EXTRA
+    # every field nullable: the main rows hold a null struct (Arrow cannot view its
+    # children as non-nullable)
+    fields = [F.when(F.col(c).isNotNull(), F.col(c)).alias(c) for c in extra.columns]
+    tagged = extra.select(F.lit(EXTRA).alias(OUTPUT_COLUMN), F.struct(*fields).alias(column))
+    struct_type = tagged.schema[column].dataType
+    union = frame.withColumn(column, F.lit(None).cast(struct_type)).unionByName(
+        tagged, allowMissingColumns=True)
+    return union, to_arrow_schema(extra.schema, timezone="UTC")
