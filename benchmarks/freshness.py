@@ -194,6 +194,8 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
                 latencies.append(lat)
             time.sleep(max(0.0, t_next - time.monotonic()))
     finally:
+        if mode == "sensor":  # let the last run finish (e.g. its checkpoint) before stopping
+            _wait_for_runs(root, timeout=120)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=90)
@@ -203,6 +205,18 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
             "p50_s": round(statistics.median(latencies), 2) if latencies else None,
             "max_s": round(max(latencies), 2) if latencies else None,
             "measured": len(latencies)}
+
+
+def _wait_for_runs(root: Path, timeout: float) -> None:
+    """Wait until no run of the micro-batch job is queued or active in ``root``'s instance."""
+    from dagster import DagsterInstance
+
+    from jobs.runs import MICROBATCH_JOB, active_runs
+
+    with DagsterInstance.from_config(str(root / "dagster_home")) as instance:
+        deadline = time.monotonic() + timeout
+        while active_runs(instance, (MICROBATCH_JOB,)) and time.monotonic() < deadline:
+            time.sleep(1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
