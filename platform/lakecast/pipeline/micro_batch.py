@@ -273,16 +273,16 @@ class MicroBatchPipeline:
                 )
         crash_point("planned", plan.batch_id)
         events = self.read_events(plan)
-        logged = self.events_logged(plan)
-        collect = (not self.spec.state_table and logged is not None
-                   and logged <= self.collect_max_rows)
+        n_logged = self.events_logged(plan)
+        collect = (not self.spec.state_table and n_logged is not None
+                   and n_logged <= self.collect_max_rows)
         rejected = None
         if self.validator is not None:
             checked = self.validator(events).persist(StorageLevel.MEMORY_AND_DISK)
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
             valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
-            if collect and logged is not None:  # counted from the collected rows
-                counts = {"events_in": logged}
+            if collect and n_logged is not None:  # rejected: counted from collected rows
+                counts = {"events_in": n_logged}
             else:
                 by_reason = {r[0]: r[1]
                              for r in checked.groupBy(REASON_COLUMN).count().collect()}
@@ -291,7 +291,7 @@ class MicroBatchPipeline:
         else:
             checked = events.persist(StorageLevel.MEMORY_AND_DISK)
             valid = checked
-            counts = {"events_in": logged if collect and logged is not None
+            counts = {"events_in": n_logged if collect and n_logged is not None
                       else checked.count()}
         crash_point("read", plan.batch_id)
         result = self.runtime.process_batch(valid, plan)
@@ -299,6 +299,8 @@ class MicroBatchPipeline:
             if collect and isinstance(result, CollectableOutput):
                 state_check = self._collected(result, rejected, counts, plan)
             else:
+                if rejected is not None and "rejected" not in counts:  # not collectable
+                    counts["rejected"] = rejected.count()
                 state_check = self._distributed(result.persist(), rejected, counts, plan)
             metrics = result.metrics()
         finally:
