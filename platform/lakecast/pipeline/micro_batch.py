@@ -201,53 +201,38 @@ class MicroBatchPipeline:
 
     # -- one batch ------------------------------------------------------------
 
-    def read_events(self, plan: BatchPlan) -> DataFrame:
+    def read_events(self, plan: BatchPlan) -> tuple[DataFrame, int | None]:
+        """The plan's new events, and how many rows the Delta log says they are (the
+        ``numRecords`` statistics of the range's ``add`` actions, read without Spark;
+        ``None`` when a file has none). That count is independent of the read, so the
+        batch reconciles against it. One pass over the range's commits also checks that
+        it only appends."""
         from pyspark.sql import functions as F
 
         path = self.table_path(self.spec.events_table)
         if plan.events_start < 0:
-            return delta_io.read(self.spark, path, version=plan.events_end)
-        changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
-        rewritten = self._first_rewrite(path, plan)
-        if rewritten is not None:
-            raise AppendOnlyError(
-                f"{self.spec.events_table} version {rewritten} deletes or updates rows; "
-                f"the micro-batch reads an append-only events table (reprocessing rewritten "
-                f"events would duplicate output). Reset the pipeline's outputs and progress "
-                f"log, or append instead of overwriting."
-            )
-        return changes.filter(F.col("_change_type") == "insert").drop(
-            "_change_type", "_commit_version", "_commit_timestamp"
-        )
-
-    def _first_rewrite(self, path: str, plan: BatchPlan) -> int | None:
-        """The first version in the plan's events range that deletes or updates rows (its
-        log has a data-changing ``remove`` or a ``cdc`` file), read from the Delta log."""
+            return (delta_io.read(self.spark, path, version=plan.events_end),
+                    delta_io.row_count(path, plan.events_end))
+        rows: int | None = 0
         for version in range(plan.events_start + 1, plan.events_end + 1):
             for action in delta_io.commit_actions(path, version, self.spark):
                 if "cdc" in action or ("remove" in action
                                        and action["remove"].get("dataChange", True)):
-                    return version
-        return None
-
-    def events_logged(self, plan: BatchPlan) -> int | None:
-        """Rows the plan's events range adds, from the ``numRecords`` statistics of its
-        commits' ``add`` actions (no Spark job); ``None`` when a file has no statistics or
-        the log cannot be read directly. Independent of the read, so it reconciles it."""
-        path = self.table_path(self.spec.events_table)
-        if plan.events_start < 0:
-            return delta_io.row_count(path, plan.events_end)
-        total = 0
-        for version in range(plan.events_start + 1, plan.events_end + 1):
-            for action in delta_io.commit_actions(path, version, self.spark):
+                    raise AppendOnlyError(
+                        f"{self.spec.events_table} version {version} deletes or updates "
+                        f"rows; the micro-batch reads an append-only events table "
+                        f"(reprocessing rewritten events would duplicate output). Reset the "
+                        f"pipeline's outputs and progress log, or append instead of "
+                        f"overwriting."
+                    )
                 add = action.get("add")
-                if add is None or not add.get("dataChange", True):
-                    continue
-                n = json.loads(add.get("stats") or "{}").get("numRecords")
-                if n is None:
-                    return None
-                total += int(n)
-        return total
+                if add is not None and add.get("dataChange", True) and rows is not None:
+                    n = json.loads(add.get("stats") or "{}").get("numRecords")
+                    rows = None if n is None else rows + int(n)
+        changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
+        return changes.filter(F.col("_change_type") == "insert").drop(
+            "_change_type", "_commit_version", "_commit_timestamp"
+        ), rows
 
     def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
         """Process one planned batch: count and reconcile first, then write, then commit.
@@ -272,8 +257,7 @@ class MicroBatchPipeline:
                     f"({logged}); only one run of a pipeline may be active at a time"
                 )
         crash_point("planned", plan.batch_id)
-        events = self.read_events(plan)
-        n_logged = self.events_logged(plan)
+        events, n_logged = self.read_events(plan)
         collect = (not self.spec.state_table and n_logged is not None
                    and n_logged <= self.collect_max_rows)
         rejected = None
@@ -366,13 +350,8 @@ class MicroBatchPipeline:
             counts["rejected"] = bad.num_rows
         self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan)
         state_check = self.runtime.before_commit(result, plan)
-        self._append(out.main, self.spec.output_table, "main", plan)  # first: freshness
-        crash_point("main_written", plan.batch_id)
-        for side, table in self.spec.side_outputs.items():
-            if side in out.sides:
-                self._append(out.side(side), table, side, plan)
-        if bad is not None and bad.num_rows:
-            self._append(bad, self._rejected_table(), "rejected", plan)
+        self._write_outputs(self._append, out.main, out.sides,
+                            bad if bad is not None and bad.num_rows else None, plan)
         self.runtime.commit_state(result)
         return state_check
 
@@ -382,20 +361,28 @@ class MicroBatchPipeline:
         self._reconcile(result.output_counts(), result.task_rows(), result.summary(),
                         counts, plan)
         state_check = self.runtime.before_commit(result, plan)
-        self._write(result.main, self.spec.output_table, "main", plan)  # first: freshness
-        crash_point("main_written", plan.batch_id)
-        for side, table in self.spec.side_outputs.items():
-            if side in result.side_output_names:
-                self._write(result.side(side), table, side, plan)
-        if rejected is not None:
-            self._write(self._rejected_rows(rejected, plan), self._rejected_table(),
-                        "rejected", plan)
+        self._write_outputs(self._write, result.main,
+                            {s: result.side(s) for s in result.side_output_names},
+                            None if rejected is None else self._rejected_rows(rejected, plan),
+                            plan)
         if self.spec.state_table:
             crash_point("outputs_written", plan.batch_id)
         self.runtime.commit_state(result)
         if self.spec.state_table:
             crash_point("state_written", plan.batch_id)
         return state_check
+
+    def _write_outputs(self, write: Callable[[Any, str, str, BatchPlan], None], main: Any,
+                       sides: Mapping[str, Any], rejected: Any, plan: BatchPlan) -> None:
+        """Write the main output first (freshness), then the side outputs, then the
+        rejected rows, each with ``write`` (Spark or delta-rs)."""
+        write(main, self.spec.output_table, "main", plan)
+        crash_point("main_written", plan.batch_id)
+        for side, table in self.spec.side_outputs.items():
+            if side in sides:
+                write(sides[side], table, side, plan)
+        if rejected is not None:
+            write(rejected, self._rejected_table(), "rejected", plan)
 
     def _append(self, table: Any, name: str, output: str, plan: BatchPlan) -> None:
         delta_io.append_arrow(table, self.table_path(name),
