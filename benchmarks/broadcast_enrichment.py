@@ -44,7 +44,7 @@ from lakecast.spark import get_spark
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
-TARGET_A = 1.3
+TARGET_A = 1.2
 TARGET_B = 0.33
 
 

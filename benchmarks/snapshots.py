@@ -12,7 +12,11 @@ held by ``--p`` tasks:
 * **checkpoint** time (p tasks hash their state, one copy written);
 * **restore** time: a cold runtime at the same p restores from the checkpoint and runs a
   first (tiny) batch — vs a cold start that reads the full table;
-* **rescale** time: cold runtimes at p/2 and 2p restoring the same checkpoint.
+* **rescale** time: cold runtimes at p/2 and 2p restoring the same checkpoint;
+* beside them, in the same run, what a user would do instead: a **plain Delta write** of
+  the same rows, and a **plain Delta read** of them into the driver (Arrow); the ratios
+  checkpoint / plain write and restore (driver + first batch) / plain read (target: ≤ 2
+  each, issue 15).
 
 Results are printed and written to ``benchmarks/results/<name>.json``.
 """
@@ -65,11 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark(app_name="lakecast-bench-snapshots")
     p, n = args.p, args.entries
     items = settings.table_path("items")
-    delta_io.write(spark.range(n).select(
+    rows_df = spark.range(n).select(
         F.col("id").alias("item_id"),
         F.element_at(F.array(*[F.lit(c) for c in ("books", "toys", "home", "music")]),
                      (F.col("id") % 4 + 1).cast("int")).alias("category"),
-        (F.col("id") % 1000 * 0.25).alias("price")), items, mode="overwrite")
+        (F.col("id") % 1000 * 0.25).alias("price"))
+    delta_io.write(rows_df, items, mode="overwrite")
     events = spark.range(0, 4000, 1, p).select(
         F.col("id").alias("event_id"), (F.col("id") * 7919 % n).alias("item_id"))
     store = SnapshotStore(spark, snapshot_path(settings, "bench"), "bench")
@@ -108,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     out["stored_vs_p_x_state"] = round(out["stored_bytes"] / max(out["p_x_state_bytes"], 1), 4)
     out["stored_vs_flink_style"] = round(
         out["stored_bytes"] / max(out["flink_style_stored_bytes"], 1), 4)
+    # what a user would do instead: a plain Delta write of the same rows, and a read of
+    # them back into the driver as Arrow (both warm: the table above was written once)
+    plain = str(root / "plain")
+    out["plain_delta_write_s"], _ = _timed(lambda: delta_io.write(rows_df, plain))
+    out["plain_delta_read_s"], tbl = _timed(lambda: delta_io.read(spark, plain).toArrow())
+    assert tbl.num_rows == n
     # restore (same p) and rescale (p/2, 2p): cold runtimes to their first batch
     for label, par in (("restore", p), ("rescale_down", max(1, p // 2)), ("rescale_up", 2 * p)):
         rt2 = runtime(par)
@@ -119,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         out[f"{label}_first_batch_s"] = round(t_tasks, 3)  # tasks load the state + process
         out[f"{label}_total_s"] = round(t_driver + t_tasks, 3)
         rt2.close()
+    out["checkpoint_vs_plain_write"] = out["checkpoint_s"] / out["plain_delta_write_s"]
+    out["restore_vs_plain_read"] = out["restore_total_s"] / out["plain_delta_read_s"]
+    out["targets_met"] = {"checkpoint <= 2x plain write": out["checkpoint_vs_plain_write"] <= 2.0,
+                          "restore <= 2x plain read": out["restore_vs_plain_read"] <= 2.0}
     for k, val in list(out.items()):
         if isinstance(val, float):
             out[k] = round(val, 3)

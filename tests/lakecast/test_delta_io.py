@@ -142,6 +142,36 @@ def test_table_files_equal_spark_reads_after_merge_deletes_checkpoint_and_evolut
         delta_io.table_files(path, 5)
 
 
+def test_table_files_read_partitioned_tables_by_partition_and_verify_checksums(spark, lake):
+    """Integer and string partition columns come from the log; a partition filter reads
+    only its files; a file whose bytes no longer match Hadoop's checksum is refused."""
+    path = lake.table_path("direct_partitioned")
+    df = _typed(spark, (0, 120), "p").withColumn("bucket", F.col("id") % 3) \
+        .withColumn("label", F.when(F.col("id") % 4 == 0, None)
+                    .otherwise(F.concat(F.lit("l"), (F.col("id") % 2).cast("string"))))
+    delta_io.write(df, path, mode="overwrite", partition_by=["bucket", "label"])
+    delta_io.write(_typed(spark, (500, 510), "q").withColumn("bucket", F.lit(7).cast("long"))
+                   .withColumn("label", F.lit("l9")), path)
+    version = delta_io.latest_version(path)
+    _assert_same_as_spark(spark, path, version)
+    files = delta_io.table_files(path, version)
+    got = files.read(["id", "bucket", "label"], {"bucket": 1})
+    want = (delta_io.read(spark, path).where("bucket = 1").select("id", "bucket", "label")
+            .toArrow())
+    assert got.num_rows == want.num_rows == 40
+    assert _sorted(got).to_pylist() == _sorted(want.cast(got.schema)).to_pylist()
+    assert files.read(["id"], {"bucket": 7}).column("id").to_pylist() == list(range(500, 510))
+    # damage one file's bytes in place: Spark's checksum would catch it, so does the read
+    victim = next(f for f, part in zip(files.files, files.partitions, strict=True)
+                  if part["bucket"] == "7")
+    with open(victim, "r+b") as fh:
+        fh.seek(Path(victim).stat().st_size // 2)
+        fh.write(b"\xde\xad\xbe\xef")
+    with pytest.raises(delta_io.DeltaIOError, match="checksum error"):
+        files.read(["id"], {"bucket": 7})
+    assert files.read(["id"], {"bucket": 1}).num_rows == 40  # other files still read
+
+
 @pytest.mark.parametrize("kind", ["deletion_vectors", "partitioned", "column_mapping"])
 def test_table_files_refuses_what_it_cannot_read(spark, lake, kind):
     path = lake.table_path(f"unsafe_{kind}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,22 +209,67 @@ class TableFiles:
     schema: pa.Schema  # the Arrow schema of Spark's toArrow() for this version
     num_rows: int  # from the files' Parquet footers
     nbytes: int  # uncompressed size of the files' row groups (an estimate of the Arrow size)
+    #: each file's partition values (column -> Delta's string form; None: null)
+    partitions: tuple[dict[str, str | None], ...] = ()
 
-    def read(self) -> pa.Table:
-        """The table's rows at :attr:`version` (reads the Parquet files)."""
+    def read(self, columns: Sequence[str] | None = None,
+             where: Mapping[str, object] | None = None) -> pa.Table:
+        """The table's rows at :attr:`version` (reads the Parquet files): ``columns`` only
+        (default: all), and only the files whose partition values equal ``where``'s."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        schema = self.schema if columns is None else pa.schema(
+            [self.schema.field(c) for c in columns])
         parts = []
-        for f in self.files:
+        for i, f in enumerate(self.files):
+            values = self.partitions[i] if self.partitions else {}
+            if where and any(values.get(c) != str(v) for c, v in where.items()):
+                continue
             try:
-                t = pq.read_table(f, partitioning=None, coerce_int96_timestamp_unit="us")
-            except OSError as e:
+                verify_checksum(f)
+                stored = None if columns is None else [  # those in this file (evolution)
+                    c for c in pq.read_schema(f).names if c in schema.names]
+                t = pq.read_table(f, columns=stored, partitioning=None,
+                                  coerce_int96_timestamp_unit="us")
+            except (OSError, pa.ArrowInvalid) as e:
                 raise DeltaIOError(f"{self.path}@v{self.version}: cannot read {f}: {e}") from e
-            parts.append(_conform(t, self.schema))
+            for c, v in values.items():  # the log's value (some writers also store it)
+                if c in t.column_names:
+                    t = t.drop_columns([c])
+                if c in schema.names:
+                    t = t.append_column(c, pa.array([v] * t.num_rows, pa.string()))
+            parts.append(_conform(t, schema))
         if not parts:
-            return self.schema.empty_table()
+            return schema.empty_table()
         return pa.concat_tables(parts)
+
+
+def verify_checksum(file: str) -> None:
+    """Check ``file`` against the checksum Hadoop's local filesystem wrote beside it
+    (``.<name>.crc``: "crc\\0", bytes per checksum, one CRC-32 per chunk), as Spark does
+    when it reads it; raises :class:`OSError` on a mismatch, does nothing without one."""
+    import struct
+    import zlib
+
+    f = Path(file)
+    crc = f.with_name(f".{f.name}.crc")
+    if not crc.exists():
+        return
+    head = crc.read_bytes()
+    if head[:4] != b"crc\x00":
+        raise OSError(f"{crc}: not a Hadoop checksum file")
+    chunk = struct.unpack(">i", head[4:8])[0]
+    sums = head[8:]
+    with f.open("rb") as fh:
+        for i in range(len(sums) // 4):
+            data = fh.read(chunk)
+            if struct.unpack(">I", sums[4 * i:4 * i + 4])[0] != zlib.crc32(data):
+                raise OSError(f"checksum error in {f} at byte {i * chunk}")
+        if fh.read(1):
+            raise OSError(f"{f} is longer than its checksum file {crc} says")
+    if len(sums) % 4 or (len(sums) // 4 == 0 and f.stat().st_size):
+        raise OSError(f"{crc} does not match {f}")
 
 
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -356,29 +402,45 @@ def table_files(path: str, version: int, *, large_types: bool = False) -> TableF
     if conf.get("delta.columnMapping.mode", "none") != "none":
         raise DirectReadUnsupported(
             f"column mapping mode {conf['delta.columnMapping.mode']!r}")
-    if meta.get("partitionColumns"):
-        raise DirectReadUnsupported(
-            f"partition columns {list(meta['partitionColumns'])} are not in the data files")
     if any(a.get("deletionVector") for a in adds.values()):
         raise DirectReadUnsupported("deletion vectors in use")
     schema = _arrow_schema(meta["schemaString"], large_types)
+    part_cols = list(meta.get("partitionColumns") or [])
+    odd = [c for c in part_cols if not _castable_partition(schema.field(c).type)]
+    if odd:
+        raise DirectReadUnsupported(f"partition columns {odd} of types read only by Spark")
     root = _local(path)
     files, n_rows, n_bytes = [], 0, 0
-    for name in sorted(a["path"] for a in adds.values()):
+    by_path = {a["path"]: a for a in adds.values()}
+    partitions = tuple({c: (by_path[n].get("partitionValues") or {}).get(c) for c in part_cols}
+                       for n in sorted(by_path)) if part_cols else ()
+    for name in sorted(by_path):
         f = _file_path(root, name)
         try:
             pf = pq.ParquetFile(f, coerce_int96_timestamp_unit="us")
-        except OSError as e:
+        except (OSError, pa.ArrowInvalid) as e:
             raise DirectReadUnsupported(f"cannot open data file {f}: {e}") from e
         md = pf.metadata
         n_rows += md.num_rows
         n_bytes += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-        try:  # every file's columns convert to the table's types
-            _conform(pf.schema_arrow.empty_table(), schema)
+        try:  # every file's columns (and partition values) convert to the table's types
+            stored = pf.schema_arrow.empty_table()
+            for c in part_cols:
+                if c in stored.column_names:
+                    stored = stored.drop_columns([c])
+                stored = stored.append_column(c, pa.array([], pa.string()))
+            _conform(stored, schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise DirectReadUnsupported(f"{f}: file schema does not convert: {e}") from e
         files.append(str(f))
-    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes)
+    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes, partitions)
+
+
+def _castable_partition(t: pa.DataType) -> bool:
+    """Partition values are strings in the log; these types cast from them exactly."""
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def row_count(path: str, version: int) -> int | None:

@@ -195,9 +195,34 @@ class SnapshotStore:
                           if r[1] is not None), key=lambda h: h.checkpoint_id)
         return ids, headers
 
+    def _direct(self, columns: Sequence[str] | None = None,
+                checkpoint_id: int | None = None) -> pa.Table | None:
+        """The table's rows (``columns``; one checkpoint's partition) read from its files
+        without a Spark job, checksums verified; ``None`` when only Spark can read them
+        (:func:`lakecast.delta.io.table_files`) or a file fails to read — Spark then
+        reads them and reports what is damaged."""
+        version = delta_io.latest_version(self.path)
+        if version is None:
+            return None
+        where = None if checkpoint_id is None else {"checkpoint_id": int(checkpoint_id)}
+        try:
+            return delta_io.table_files(self.path, version).read(columns, where)
+        except delta_io.DeltaIOError as e:
+            log.debug("snapshot table %s read by Spark: %s", self.path, e)
+            return None
+
     def _index_rows(self, checkpoint_id: int | None = None) -> list[Any]:
         from pyspark.sql import functions as F
 
+        direct = self._direct(["checkpoint_id", "kind", "meta", "created_at_ms"], checkpoint_id)
+        if direct is not None:
+            found: dict[int, tuple[int, str | None, int | None]] = {
+                cid: (cid, None, None)
+                for cid in pc.unique(direct.column("checkpoint_id")).to_pylist()}
+            heads = direct.filter(pc.equal(direct.column("kind"), HEADER))
+            for r in heads.to_pylist():
+                found[r["checkpoint_id"]] = (r["checkpoint_id"], r["meta"], r["created_at_ms"])
+            return list(found.values())
         df = self._df()
         if checkpoint_id is not None:
             df = df.where(F.col("checkpoint_id") == int(checkpoint_id))
@@ -217,6 +242,9 @@ class SnapshotStore:
 
     def rows(self, checkpoint_id: int) -> pa.Table:
         """All rows of one checkpoint (one partition), as Arrow."""
+        direct = self._direct(None, checkpoint_id)
+        if direct is not None:
+            return direct
         return self._df().where(f"checkpoint_id = {int(checkpoint_id)}").toArrow()
 
     def read_checkpoint(self, checkpoint_id: int) -> pa.Table:
