@@ -25,6 +25,7 @@ JSON goes to ``benchmarks/results/freshness.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -121,7 +122,7 @@ def streaming_query(root: str) -> int:
     return 0
 
 
-def _start(mode: str, root: Path, env: dict[str, str], port: int) -> subprocess.Popen:
+def start_consumer(mode: str, root: Path, env: dict[str, str], port: int) -> subprocess.Popen:
     bin_dir = Path(sys.executable).parent
     log = open(root / f"{mode}.log", "w")  # noqa: SIM115 - the child owns it
     if mode == "sensor":
@@ -143,7 +144,34 @@ def _start(mode: str, root: Path, env: dict[str, str], port: int) -> subprocess.
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _ready(mode: str, root: Path) -> bool:
+def stop_group(proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    """SIGTERM ``proc``'s process group (e.g. dagster dev: webserver, daemon, code server,
+    runs), SIGKILL after ``timeout`` s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def project_server() -> Iterator[Server]:
+    """The Lakecast Spark server: started if none runs, and then stopped at the end."""
+    from lakecast.server import Server
+
+    server = Server.from_settings()
+    started = server.pid() is None
+    server.start()
+    try:
+        yield server
+    finally:
+        if started:
+            server.stop()
+
+
+def consumer_ready(mode: str, root: Path) -> bool:
     """The consumer is up (the streaming query: its first batch, the backlog, committed)."""
     from lakecast.delta import io as delta_io
 
@@ -167,12 +195,12 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
     env = bench_env(root, url, args.interval)
     os.environ.update(env)
     settings = get_settings()
-    proc = _start(mode, root, env, args.port)
+    proc = start_consumer(mode, root, env, args.port)
     find = _sink_output_ms(root) if mode == "streaming" else _pipeline_output_ms(root)
     latencies: list[float] = []
     try:
         deadline = time.monotonic() + 600
-        while not _ready(mode, root) and time.monotonic() < deadline:
+        while not consumer_ready(mode, root) and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(max(5.0, args.interval + 5) if mode == "sensor" else 5.0)
         spark = get_spark(settings=settings)
@@ -196,11 +224,7 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
     finally:
         if mode == "sensor":  # let the last run finish (e.g. its checkpoint) before stopping
             _wait_for_runs(root, timeout=120)
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
     return {"latencies_s": [round(x, 2) for x in latencies],
             "p50_s": round(statistics.median(latencies), 2) if latencies else None,
             "max_s": round(max(latencies), 2) if latencies else None,
@@ -234,21 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.streaming_query:
         return streaming_query(args.streaming_query)
 
-    from lakecast.server import Server
-
     base = Path(args.root) / "base"
     shutil.rmtree(Path(args.root), ignore_errors=True)
     (base / "dagster_home").mkdir(parents=True)
     shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
                 base / "dagster_home" / "dagster.yaml")
-    server = Server.from_settings()
-    started = server.pid() is None  # stop it at the end only if this run started it
-    server.start()
-    try:
+    with project_server() as server:
         return _run(args, base, server)
-    finally:
-        if started:
-            server.stop()
 
 
 def _run(args: argparse.Namespace, base: Path, server: Server) -> int:

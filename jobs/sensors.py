@@ -11,6 +11,10 @@ other tables — the sensor reads the pipeline's progress log (without Spark,
 - a batch was planned and not committed (a crashed run: it must be redone), or
 - the events table moved past the last committed batch's ``events_end``.
 
+A batch left planned by a killed run is redone even when no table moves afterwards: with
+no run active, an unchanged tick still reads the progress log's position and requests one
+redo run for that batch (run key ``<versions key>-redo-<batch id>``).
+
 A broadcast table that changed while no new event arrived is no work: the pipeline
 plans batches from new events only (it would log "no new events" and stop), so the
 new version is applied with the next events. The run's ``run_key`` is derived from
@@ -114,15 +118,28 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
     versions = watched_versions()
     if versions.get(ENRICHMENT.events_table) is None:
         return SkipReason(f"no events table yet ({ENRICHMENT.events_table})")
-    if parse_cursor(context.cursor, versions) == versions:
-        return SkipReason(f"no new Delta versions: {versions}")
+    unchanged = parse_cursor(context.cursor, versions) == versions
     active = active_runs(context.instance, WRITER_JOBS)
     if active:
+        if unchanged:
+            return SkipReason(f"no new Delta versions: {versions}")
         return SkipReason(
             f"run {active[0].run_id} of {active[0].job_name} is still active; new versions "
             "will be picked up by it or after it"
         )
     log_path = progress_path(get_settings().checkpoint_root, ENRICHMENT.name)
+    tags = {EXCLUSIVE_TAG: enrichment_microbatch.name, VERSIONS_TAG: _cursor(versions)}
+    if unchanged:  # no table moved; a run killed mid-batch still needs its batch redone
+        try:
+            pending = read_position(log_path)[0]
+        except delta_io.DirectReadUnsupported:
+            pending = None
+        if pending is None:
+            return SkipReason(f"no new Delta versions: {versions}")
+        # one redo run per crashed batch (its own run key); if that one dies too, the next
+        # new version requests the next run
+        return SensorResult(run_requests=[RunRequest(
+            run_key=f"{run_key_for(versions)}-redo-{pending.batch_id}", tags=tags)])
     try:
         reason = pending_work(versions, read_position(log_path))
     except delta_io.DirectReadUnsupported as e:  # e.g. an object-store lake: let the run decide
@@ -132,7 +149,6 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
             skip_reason=f"no work: the last committed batch covers {versions}",
             cursor=_cursor(versions),
         )
-    tags = {EXCLUSIVE_TAG: enrichment_microbatch.name, VERSIONS_TAG: _cursor(versions)}
     return SensorResult(
         run_requests=[RunRequest(run_key=run_key_for(versions), tags=tags)],
         cursor=_cursor(versions),

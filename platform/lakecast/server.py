@@ -195,11 +195,15 @@ class Server:
             return False
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while self.pid() is not None and time.monotonic() < deadline:
+
+        def alive() -> bool:  # a JVM whose main thread exited may still serve its port
+            return self.pid() is not None or self.listening(0.2)
+
+        while alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        if self.pid() is not None:
+        if alive():
             _signal_group(pid, signal.SIGKILL)
-            while self.pid() is not None and time.monotonic() < deadline + 10:
+            while alive() and time.monotonic() < deadline + 10:
                 time.sleep(0.2)
         self.pid_file.unlink(missing_ok=True)
         return True

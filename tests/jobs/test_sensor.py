@@ -134,8 +134,20 @@ def test_first_tick_reads_the_progress_log_and_runs_only_for_work(spark, lake):
         # new versions since (a cursor-less tick, as after a restart of the daemon)
         _commit_batch(spark, lake, 1, 0, 1, commit=False)
         assert len(_runs(_tick(instance, None))) == 1
+        # ... and with the cursor unchanged (the run was killed, nothing committed since):
+        # one redo run for that batch, its own run key, the cursor kept; none while a run
+        # of the job is active
+        versions = watched_versions()
+        (redo,) = _runs(unchanged := _tick(instance, json.dumps(versions)))
+        assert redo.run_key == f"{run_key_for(versions)}-redo-1" and unchanged.cursor is None
+        assert json.loads(redo.tags["lakecast/versions"]) == versions
+        run = DagsterRun(job_name=enrichment_microbatch.name, status=DagsterRunStatus.STARTED)
+        instance.add_run(run)
+        assert "no new Delta versions" in _skip(_tick(instance, json.dumps(versions)))
+        instance.delete_run(run.run_id)
         _log(spark, lake).write_commit(BatchCommit(1, {"events_in": 1}))
         assert not _runs(_tick(instance, None))
+        assert not _runs(_tick(instance, json.dumps(versions)))
 
 
 @pytest.mark.parametrize(

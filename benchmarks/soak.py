@@ -1,0 +1,373 @@
+"""30-minute soak of the sensor path with kills: a commit every 10 s, a run killed every ~5 min.
+
+``python -m benchmarks.soak [--minutes 30] [--every 10] [--events 1500] [--kill-every 300]
+[--flag-every 300] [--interval 15] [--port 3335] [--scale 0.5] [--root var/bench/soak]``
+
+Builds a demo lake on the Lakecast Spark server (started if none runs, stopped at the end
+only then), catches it up, starts ``dagster dev`` (``broadcast_versions_sensor`` every
+``--interval`` s); then for ``--minutes``: an events commit every ``--every`` s, a
+``feature_flags`` version every ``--flag-every`` s, and every ``--kill-every`` s a ``kill -9``
+of the STARTED ``enrichment_microbatch`` run's process tree (pid from its engine event).
+It waits (<= 5 min) for a run to catch up the last version, stops ``dagster dev`` and checks:
+runs not killed succeeded within ``max_seconds`` + 60 s; one materialization of each output
+per committed batch; events in == rows of the three outputs, each event_id as often out as
+in; RSS of dagster dev (runs aside) and of the Spark server flat (median of the last third
+of the samples vs the middle third).
+
+Everything listens on 127.0.0.1; the whole soak is bounded (``--minutes`` + 15 min). Run
+it alone on the machine (through spark-lock). JSON goes to ``benchmarks/results/soak.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.freshness import consumer_ready, project_server, start_consumer, stop_group
+from benchmarks.sensor_freshness import bench_env, build_lake
+from lakecast.config import PROJECT_ROOT, get_settings
+
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+SLACK_S = 60.0  # one batch past a run's max_seconds
+SAMPLE_S = 20.0  # RSS sampling period
+KILL_RETRY_S = 20.0
+
+
+Procs = dict[int, tuple[int, int, str]]
+
+
+def _procs() -> Procs:
+    """pid -> (parent pid, RSS bytes, command line) of every process, from /proc."""
+    page, out = os.sysconf("SC_PAGE_SIZE"), {}
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out[int(d.name)] = (int(f[1]), int(f[21]) * page, cmd)
+    return out
+
+
+def _tree(pid: int | None, procs: Procs) -> set[int]:
+    """``pid`` and its descendants (alive ones)."""
+    out, todo = set(), [pid] if pid in procs else []
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        todo += [c for c, v in procs.items() if v[0] == p and c not in out]
+    return out
+
+
+def _run_pid(instance: Any, run_id: str) -> int | None:
+    """The pid of a run's process (the code server starts it with multiprocessing, so its
+    command line does not name the run; its first engine event gives the pid)."""
+    from dagster import DagsterEventType
+
+    for e in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        data = e.dagster_event.engine_event_data if e.dagster_event else None
+        if data is not None and "pid" in data.metadata:
+            return int(data.metadata["pid"].value)
+    return None
+
+
+def _kill_started(instance: Any, log: str, mid_batch: bool) -> dict | None:
+    """``kill -9`` the process tree of the STARTED micro-batch run, if one runs
+    (``mid_batch``: only while the progress log has a batch planned and not committed)."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from jobs.runs import MICROBATCH_JOB
+    from lakecast.pipeline.progress import read_position
+
+    pending = read_position(log)[0]
+    if mid_batch and pending is None:
+        return None
+    for rec in instance.get_run_records(RunsFilter(
+            job_name=MICROBATCH_JOB, statuses=[DagsterRunStatus.STARTED]), limit=1):
+        pid, procs = _run_pid(instance, rec.dagster_run.run_id), _procs()
+        victims = sorted(_tree(pid, procs))
+        for p in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        return {"run_id": rec.dagster_run.run_id, "pid": pid,
+                "processes": [procs[p][2][:80] for p in victims],
+                "run_age_s": round(time.time() - (rec.start_time or time.time()), 1),
+                "pending_batch": pending.batch_id if pending else None} if victims else None
+    return None
+
+
+def _sample(dev_pid: int, spark_pid: int | None) -> dict[str, float]:
+    """RSS (MiB) of the dagster dev tree without the runs (the code server's multiprocessing
+    children and theirs), of the runs, and of the Spark server's tree."""
+    procs = _procs()
+    dev = _tree(dev_pid, procs)
+    runs = set().union(*(_tree(p, procs) for p in dev if "spawn_main" in procs[p][2]))
+
+    def mib(pids: set[int]) -> float:
+        return round(sum(procs[p][1] for p in pids) / 2**20, 1)
+
+    return {"dagster_mib": mib(dev - runs), "runs_mib": mib(runs),
+            "spark_mib": mib(_tree(spark_pid, procs))}
+
+
+def _committed(log: str, after: int) -> dict[int, int]:
+    """Batch id -> events_end of the batches (not rewinds) committed after batch ``after``."""
+    from lakecast.pipeline.progress import read_log
+
+    plans, commits = read_log(log)
+    return {p.batch_id: p.events_end for p in plans
+            if p.batch_id in commits and p.batch_id > after and not p.is_restore}
+
+
+def _flat(xs: list[float]) -> dict[str, Any]:
+    """Min/max; flat: median of the last third <= 1.2 x the middle third's + 32 MiB."""
+    n = len(xs)
+    if n < 3:
+        return {"min": min(xs, default=None), "max": max(xs, default=None), "flat": False}
+    mid, last = statistics.median(xs[n // 3:2 * n // 3]), statistics.median(xs[2 * n // 3:])
+    return {"min": min(xs), "max": max(xs), "mid": round(mid, 1), "last": round(last, 1),
+            "flat": last <= 1.2 * mid + 32}
+
+
+def _past_deadline(*_: object) -> None:
+    raise TimeoutError("the soak ran past its hard deadline")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--every", type=float, default=10.0, help="s between events commits")
+    parser.add_argument("--events", type=int, default=1500)
+    parser.add_argument("--kill-every", type=float, default=300.0)
+    parser.add_argument("--flag-every", type=float, default=300.0)
+    parser.add_argument("--interval", type=int, default=15, help="sensor interval (s)")
+    parser.add_argument("--port", type=int, default=3335, help="dagster webserver port")
+    parser.add_argument("--scale", type=float, default=0.5)
+    parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "soak"))
+    args = parser.parse_args(argv)
+
+
+    hard = time.monotonic() + (args.minutes + 15) * 60  # the phases end by then
+    signal.signal(signal.SIGALRM, _past_deadline)  # backstop: clean up if one hangs
+    signal.alarm(int((args.minutes + 20) * 60))
+    with project_server() as server:
+        return _soak(args, server, hard)
+
+
+def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
+    """Build, catch up, run the soak under ``dagster dev``, then report (see the module doc)."""
+    from dagster import DagsterInstance, RunsFilter
+
+    from jobs.microbatch import ENRICHMENT
+    from jobs.runs import MICROBATCH_JOB, active_runs
+    from lakecast.pipeline.progress import progress_path
+    from lakecast.spark import get_spark
+    from lakecast.tools import flags, producer
+
+    root = Path(args.root)
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "dagster_home").mkdir(parents=True)
+    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
+                root / "dagster_home" / "dagster.yaml")
+    env = bench_env(root, server.url, args.interval)
+    os.environ.update(env)
+    settings = get_settings()
+    build_lake(args.scale)
+    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+                   check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
+    log = progress_path(settings.checkpoint_root, ENRICHMENT.name)
+    first = max(_committed(log, -1), default=-1)  # the catch-up's last batch
+    print(f"lake built and caught up (batch {first}); starting dagster dev", flush=True)
+    rec: dict[str, Any] = {"commits": [], "flags": [], "kills": [], "kills_skipped": [],
+                           "samples": [], "caught_up": False}
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f}s] {msg}", flush=True)
+
+    pool = ThreadPoolExecutor(max_workers=1)  # Spark writes, off the loop that kills
+    dev = start_consumer("sensor", root, env, args.port)  # dagster dev; its log: <root>/sensor.log
+    try:
+        while not consumer_ready("sensor", root):
+            if dev.poll() is not None or time.monotonic() > t0 + 300:
+                raise RuntimeError(f"dagster dev did not serve; see {root / 'sensor.log'}")
+            time.sleep(0.5)
+        with DagsterInstance.from_config(str(root / "dagster_home")) as instance:
+            spark = get_spark(settings=settings)
+
+            def commit() -> None:
+                res = producer.append_events(spark, settings, args.events,
+                                             seed=7000 + len(rec["commits"]))
+                rec["commits"].append({"version": res.version, "rows": res.rows})
+                say(f"commit {len(rec['commits'])}: events v{res.version} ({res.rows} rows)")
+
+            def flag() -> None:
+                value = str(10 + (len(rec["flags"]) + 1) % 10)
+                m = flags.set_flag(spark, settings.table_path("feature_flags"),
+                                   "vip_discount", value)
+                rec["flags"].append({"value": value, "version": m.version})
+                say(f"flag vip_discount={value}: feature_flags v{m.version}")
+
+            t0 = time.monotonic()
+            end = min(t0 + args.minutes * 60, hard)
+            due = {"commit": t0, "flag": t0 + args.flag_every, "kill": t0 + args.kill_every,
+                   "sample": t0, "status": t0 + 60}
+            kill_since: float | None = None
+            writing: Future | None = None  # the writes run in `pool`, one at a time
+            while (now := time.monotonic()) < end:
+                if writing is not None and writing.done():
+                    writing = writing.result()  # None, or raises what the write raised
+                for task, every in ((commit, args.every), (flag, args.flag_every)):
+                    if writing is None and now >= due[task.__name__]:
+                        due[task.__name__] += every
+                        writing = pool.submit(task)
+                if now >= due["kill"]:
+                    due["kill"] += args.kill_every
+                    kill_since = now
+                if kill_since is not None:  # every other kill: while a batch is in flight
+                    hit = _kill_started(instance, log, len(rec["kills"]) % 2 == 1
+                                        and now - kill_since < KILL_RETRY_S / 2)
+                    if hit is not None:
+                        rec["kills"].append({**hit, "at_s": round(now - t0, 1)})
+                        say(f"kill -9 run {hit['run_id'][:8]} (pid {hit['pid']}, "
+                            f"{len(hit['processes'])} processes, running {hit['run_age_s']} s, "
+                            f"pending batch {hit['pending_batch']})")
+                        kill_since = None
+                    elif now - kill_since > KILL_RETRY_S:
+                        rec["kills_skipped"].append(round(now - t0, 1))
+                        say(f"kill skipped: no run to kill within {KILL_RETRY_S:.0f} s")
+                        kill_since = None
+                if now >= due["sample"]:
+                    due["sample"] += SAMPLE_S
+                    sample = _sample(dev.pid, server.pid())
+                    rec["samples"].append({"t_s": round(now - t0, 1), **sample})
+                if now >= due["status"]:  # every minute
+                    due["status"] += 60
+                    n = Counter(r.dagster_run.status.value for r in instance.get_run_records(
+                        RunsFilter(job_name=MICROBATCH_JOB)))
+                    s = rec["samples"][-1]
+                    say(f"status: runs {n['SUCCESS']} succeeded, {n['FAILURE']} failed, "
+                        f"{len(rec['kills'])} killed; {len(_committed(log, first))} batches "
+                        f"committed; RSS dagster {s['dagster_mib']:.0f} MiB (+runs "
+                        f"{s['runs_mib']:.0f}), spark {s['spark_mib']:.0f} MiB")
+                time.sleep(0.25)
+            if writing is not None:
+                writing.result()
+            say("producer stopped; waiting for the last version to be processed")
+            last = rec["commits"][-1]["version"] if rec["commits"] else -1
+            wait_end = min(time.monotonic() + 300, hard)
+            while time.monotonic() < wait_end:
+                if (max(_committed(log, first).values(), default=-1) >= last
+                        and not active_runs(instance, (MICROBATCH_JOB,))):
+                    rec["caught_up"] = True
+                    break
+                time.sleep(2.0)
+            say(f"caught up: {rec['caught_up']}; stopping dagster dev")
+    finally:  # the whole group: webserver, daemon, code server, runs
+        pool.shutdown(cancel_futures=True)
+        stop_group(dev)
+    return _report(args, root, rec, _committed(log, first), get_spark(settings=settings))
+
+
+def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
+            committed: dict[int, int], spark: Any) -> int:
+    """Check the targets from the Dagster instance and the Delta tables; print, write JSON."""
+    from dagster import AssetKey, DagsterInstance, RunsFilter
+    from pyspark.sql import functions as F
+
+    from jobs.enrichment_pipeline import OUTPUTS
+    from jobs.microbatch import MicroBatchRunConfig
+    from jobs.runs import MICROBATCH_JOB
+    from lakecast.tables import EVENTS
+
+    killed = {k["run_id"] for k in rec["kills"]}
+    runs, mats = [], {}
+    with DagsterInstance.from_config(str(root / "dagster_home")) as instance:
+        for r in sorted(instance.get_run_records(RunsFilter(job_name=MICROBATCH_JOB)),
+                        key=lambda r: r.start_time or 0):
+            op_cfg = ((r.dagster_run.run_config or {}).get("ops", {})
+                      .get("enrichment_microbatch_assets", {}).get("config", {}))
+            max_s = op_cfg.get("max_seconds", MicroBatchRunConfig().max_seconds)
+            secs = (r.end_time - r.start_time) if r.start_time and r.end_time else None
+            runs.append({"run_id": r.dagster_run.run_id, "status": r.dagster_run.status.value,
+                         "seconds": None if secs is None else round(secs, 1),
+                         "bound_s": None if max_s is None else max_s + SLACK_S,
+                         "killed": r.dagster_run.run_id in killed})
+        for asset, _ in OUTPUTS:
+            page = instance.fetch_materializations(AssetKey(asset), limit=10_000)  # the max
+            assert not page.has_more, f"more than 10000 materializations of {asset}"
+            ids = Counter(int(m.metadata["batch_id"].value) for m in (
+                e.asset_materialization for e in page.records) if m and "batch_id" in m.metadata)
+            mats[asset] = {"missing": sorted(set(committed) - set(ids)),
+                           "duplicated": sorted(b for b, n in ids.items() if n > 1),
+                           "unexpected": sorted(set(ids) - set(committed)),
+                           "recorded": len(ids)}
+    ok = [r for r in runs if r["status"] == "SUCCESS"]
+    summary = {
+        "total": len(runs), "succeeded": len(ok),
+        "over_bound": [r["run_id"] for r in ok if r["bound_s"] and r["seconds"] > r["bound_s"]],
+        "failed_killed": sum(r["killed"] and r["status"] == "FAILURE" for r in runs),
+        "failed_not_killed": [r["run_id"] for r in runs if not r["killed"]
+                              and r["status"] in ("FAILURE", "CANCELED")],
+        "still_active": [r["run_id"] for r in runs if r["seconds"] is None],
+    }
+
+    def load(t: str) -> Any:
+        return spark.read.format("delta").load(get_settings().table_path(t))
+
+    outs = {t: load(t) for t, _ in OUTPUTS}
+    ids_out = [outs[t].select("event_id") for t, _ in OUTPUTS[:2]]  # accepted events
+    accepted = ids_out[0].unionAll(ids_out[1])
+    rejected = outs[OUTPUTS[2][0]].select(
+        F.get_json_object("raw_record", "$.event_id").cast("long").alias("event_id"))
+    n_in = load(EVENTS).groupBy("event_id").agg(F.count(F.lit(1)).alias("n_in"))
+    n_out = (accepted.unionAll(rejected).groupBy(F.col("event_id").alias("oid"))
+             .agg(F.count(F.lit(1)).alias("n_out")))
+    counts = {"events": load(EVENTS).count(), **{t: df.count() for t, df in outs.items()},
+              "accepted_repeated_ids": accepted.count() - accepted.distinct().count(),
+              "event_ids_in_out_mismatch": n_in.join(
+                  n_out, F.col("event_id").eqNullSafe(F.col("oid")), "full").filter(
+                  F.coalesce("n_in", F.lit(0)) != F.coalesce("n_out", F.lit(0))).count()}
+    memory = {k: _flat([s[k] for s in rec["samples"]]) for k in ("dagster_mib", "spark_mib")}
+    targets = {
+        "runs": (not summary["over_bound"] and not summary["failed_not_killed"]
+                 and not summary["still_active"] and summary["succeeded"] > 0
+                 and rec["caught_up"]),
+        "kills": bool(rec["kills"]) and summary["failed_killed"] == len(rec["kills"]),
+        "materializations": bool(committed) and not any(
+            m["missing"] or m["duplicated"] or m["unexpected"] for m in mats.values()),
+        "counts": (counts["events"] == sum(counts[t] for t, _ in OUTPUTS)
+                   and not counts["accepted_repeated_ids"]
+                   and not counts["event_ids_in_out_mismatch"]),
+        "memory": all(m["flat"] for m in memory.values()),
+    }
+    result = {"args": vars(args), "runs_summary": summary, "batches_committed": len(committed),
+              "materializations": mats, "counts": counts, "memory": memory,
+              "targets": targets, "runs": runs, **rec}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "soak.json").write_text(json.dumps(result, indent=2, default=str))
+    print(f"{'run':10} {'status':9} {'seconds':>8} {'bound':>6} killed")
+    for r in runs:
+        print(f"{r['run_id'][:8]:10} {r['status']:9} {r['seconds'] or 0:8.1f} "
+              f"{r['bound_s'] or 0:6.0f} {'yes' if r['killed'] else ''}")
+    details = {"runs": summary, "kills": {"landed": len(rec["kills"]),
+                                          "skipped": rec["kills_skipped"]},
+               "materializations": {"committed": len(committed), **mats},
+               "counts": counts, "memory": memory}
+    for name, passed in targets.items():
+        print(f"{'PASS' if passed else 'FAIL'} {name}: {json.dumps(details[name])}")
+    return 0 if all(targets.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
