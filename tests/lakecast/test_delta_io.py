@@ -161,6 +161,15 @@ def test_table_files_read_partitioned_tables_by_partition_and_verify_checksums(s
     assert got.num_rows == want.num_rows == 40
     assert _sorted(got).to_pylist() == _sorted(want.cast(got.schema)).to_pylist()
     assert files.read(["id"], {"bucket": 7}).column("id").to_pylist() == list(range(500, 510))
+    # past a Delta log checkpoint (its add actions hold partition values as a Parquet map)
+    for i in range(10):
+        delta_io.write(_typed(spark, (600 + i, 601 + i), "c").withColumn(
+            "bucket", F.lit(8).cast("long")).withColumn("label", F.lit(f"c{i}")), path)
+    log = [p.name for p in (Path(path) / "_delta_log").iterdir()]
+    assert any(".checkpoint." in n and n.endswith(".parquet") for n in log), log
+    _assert_same_as_spark(spark, path, delta_io.latest_version(path))
+    assert delta_io.table_files(path, delta_io.latest_version(path)).read(
+        ["id"], {"bucket": 8}).num_rows == 10
     # damage one file's bytes in place: Spark's checksum would catch it, so does the read
     victim = next(f for f, part in zip(files.files, files.partitions, strict=True)
                   if part["bucket"] == "7")

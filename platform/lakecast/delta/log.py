@@ -333,7 +333,8 @@ def _replay(path: str, version: int, names: list[str]) -> tuple[dict[str, dict[s
     for name in cp_files:
         t = pq.read_table(log / name, columns=["add", "metaData", "protocol"])
         for a in t.column("add").to_pylist():
-            if a is not None:
+            if a is not None:  # Parquet maps come back as (key, value) lists
+                a["partitionValues"] = dict(a.get("partitionValues") or [])
                 adds[_file_key(a)] = a
         for m in t.column("metaData").to_pylist():
             if m is not None:  # Parquet maps come back as (key, value) lists
