@@ -52,6 +52,15 @@ def connect_spark(connect_lake):
     return get_spark(settings=connect_lake)
 
 
+@pytest.fixture(params=["in_process", pytest.param("connect", marks=pytest.mark.connect)])
+def any_spark(request):
+    """Runs a test twice: on the test run's in-process session, then (with the ``connect``
+    tests, last) on a Spark Connect session of the test run's Lakecast Spark server."""
+    if request.param == "connect":
+        return request.getfixturevalue("connect_spark")
+    return request.getfixturevalue("spark")
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The test run's single Spark session, from Lakecast's own factory."""

@@ -23,7 +23,7 @@ import contextlib
 import os
 import socket
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lakecast.config import Settings, get_settings
 from lakecast.errors import SetupError
@@ -36,12 +36,12 @@ from lakecast.spark_conf import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 __all__ = [
     "BUILTIN_DEFAULTS", "DEFAULT_APP_NAME", "ServerUnavailableError", "build_conf",
     "check_java", "default_parallelism", "delta_jar_location", "get_spark", "is_connect",
-    "local_checkpoint", "python_env", "session_id_for",
+    "local_checkpoint", "observed_metrics", "python_env", "session_id_for",
 ]
 
 
@@ -185,6 +185,18 @@ def local_checkpoint(frame: DataFrame) -> DataFrame:
     if is_connect(frame.sparkSession):
         _activate(frame.sparkSession)
     return frame.localCheckpoint()
+
+
+def observed_metrics(observation: Observation) -> dict[str, Any] | None:
+    """The metrics of ``observation`` once the first action on its frame finished, else
+    ``None`` (``Observation.get`` would wait forever). In-process: the JVM observation's
+    future is complete; Spark Connect: the server reported the metrics with the action's
+    result (a write's are reported only by servers with SPARK-61013)."""
+    jo = getattr(observation, "_jo", None)
+    if jo is not None:  # in-process: a py4j org.apache.spark.sql.Observation
+        return dict(observation.get) if jo.future().isCompleted() else None
+    metrics = observation.get  # Connect: {} until the server sent them
+    return dict(metrics) if metrics else None
 
 
 def default_parallelism(spark: SparkSession) -> int:

@@ -194,7 +194,9 @@ def _damage(store_path: str, checkpoint_id: int, how: str) -> list[str]:
     return [f.name for f in files]
 
 
-def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(spark, lake, tmp_path):
+def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(any_spark, lake,
+                                                                  tmp_path):
+    spark = any_spark  # in-process, then over Spark Connect
     lake_a = get_settings({**os.environ, "LAKECAST_LAKE_ROOT": str(tmp_path / "lake_a"),
                            "LAKECAST_CHECKPOINT_ROOT": str(tmp_path / "cp_a")})
     run_a = build_pipeline(spark, lake_a, 1, parallelism=2, checkpoint_every=None,

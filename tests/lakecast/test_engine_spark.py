@@ -22,6 +22,7 @@ from lakecast import (
     enrich,
 )
 from lakecast.delta import io as delta_io
+from lakecast.errors import LakecastError
 
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
 PRODUCTS = MapStateDescriptor("dim_products", int, dict, key_columns=("product_id",))
@@ -192,6 +193,31 @@ def test_outputs_written_to_delta_once_and_state_follows_updates(spark, seed_lak
     assert json.loads(raw["_state_version"][0]) == {
         "dim_products": 0, "dim_users": 1, "feature_flags": 1}
     result.unpersist()
+
+
+def test_observed_result_counts_its_tasks_during_one_write_without_a_cache(
+        spark, seed_lake, lake):
+    """``observe()``: the accounting rows come from the write of ``main`` itself (one
+    action, no cache), and equal the ones of a persisted computation of the same batch."""
+    tables, products, users, flags, events = seed_lake
+    expected, unmatched = _expected(products, users, flags, events)
+    runtime = BroadcastRuntime(spark, PersonalizedPricing(), tables)
+    frame = spark.createDataFrame(events).repartition(3)
+    observed = runtime.process(frame).observe()
+    with pytest.raises(LakecastError, match="no action has consumed"):
+        observed.metrics()  # nothing ran yet: a clear error, not a wait forever
+    out = lake.table_path("priced_observed")
+    delta_io.write(observed.main, out)
+    m = observed.metrics()
+    assert not observed.frame.storageLevel.useMemory  # nothing was cached
+    assert delta_io.read(spark, out).count() == len(expected)
+    assert m.parallelism == 3 and m.rows_in == len(events)
+    assert m.rows_main == len(expected) and m.rows_side("unmatched") == len(unmatched)
+    persisted = runtime.process(frame).persist()
+    ref = persisted.metrics()
+    persisted.unpersist()
+    assert ([(t.partition, t.rows_in, t.rows_main) for t in m.tasks]
+            == [(t.partition, t.rows_in, t.rows_main) for t in ref.tasks])
 
 
 def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):

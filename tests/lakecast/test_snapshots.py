@@ -1,5 +1,6 @@
 """Broadcast state snapshots: canonical form, divergence, corrupt checkpoints, restore,
-retention — on the runtime directly (real Spark + Delta, small tables)."""
+retention — on the runtime directly (real Spark + Delta, small tables); the Spark tests
+run in-process and over Spark Connect (``any_spark``)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,8 @@ def _events(spark, p):
                                  "event_id LONG, rule_id LONG").repartition(p)
 
 
-def test_non_deterministic_function_fails_the_checkpoint_naming_state_and_tasks(spark, lake):
+def test_non_deterministic_function_fails_the_checkpoint_naming_state_and_tasks(any_spark, lake):
+    spark = any_spark
     path = lake.table_path("rules")
     _rules(spark, path, [(1, 0.1), (2, 0.2)])
     store = SnapshotStore(spark, snapshot_path(lake, "nd"), "nd")
@@ -118,7 +120,8 @@ def test_non_deterministic_function_fails_the_checkpoint_naming_state_and_tasks(
     assert not store.exists()  # nothing written
 
 
-def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, lake, capsys):
+def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(any_spark, lake, capsys):
+    spark = any_spark
     path = lake.table_path("rules")
     _rules(spark, path, [(1, 0.1), (2, 0.2), (3, 0.3)])
     store = SnapshotStore(spark, snapshot_path(lake, "rules"), "rules")
@@ -142,11 +145,8 @@ def test_corrupt_checkpoints_are_skipped_restore_is_exact_and_retention(spark, l
 
     # corrupt: checkpoint 2 loses task 1's manifest rows, checkpoint 1 a tampered value
     delta_io.delete(spark, store.path, "checkpoint_id = 2 AND kind = 'manifest' AND task = 1")
-    from delta.tables import DeltaTable
-
-    DeltaTable.forPath(spark, store.path).update(
-        "checkpoint_id = 1 AND kind = 'entry' AND state = 'rules' AND seq = 0",
-        {"value": "X'8004'"})
+    spark.sql(f"UPDATE {delta_io.table_ref(store.path)} SET value = X'8004' WHERE "
+              "checkpoint_id = 1 AND kind = 'entry' AND state = 'rules' AND seq = 0")
     got = store.resolve(parallelism=3)
     assert got is not None and got.header.checkpoint_id == 0
     assert "checkpoint 2 is incomplete: manifest rows missing for task(s) [1]" in got.skipped[0]
@@ -195,7 +195,8 @@ def test_restore_timestamps_are_parsed_as_utc():
         parse_timestamp("yesterday")
 
 
-def test_divergence_fails_the_batch_before_any_output_is_written(spark, lake):
+def test_divergence_fails_the_batch_before_any_output_is_written(any_spark, lake):
+    spark = any_spark
     from lakecast.build import broadcast_pipeline
     from lakecast.pipeline.micro_batch import PipelineSpec
 

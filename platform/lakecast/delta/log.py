@@ -227,11 +227,12 @@ class TableFiles:
             if where and any(values.get(c) != str(v) for c, v in where.items()):
                 continue
             try:
-                verify_checksum(f)
+                data = Path(f).read_bytes()  # read once: checksum, then Parquet
+                verify_checksum(f, data)
+                pf = pq.ParquetFile(pa.BufferReader(data), coerce_int96_timestamp_unit="us")
                 stored = None if columns is None else [  # those in this file (evolution)
-                    c for c in pq.read_schema(f).names if c in schema.names]
-                t = pq.read_table(f, columns=stored, partitioning=None,
-                                  coerce_int96_timestamp_unit="us")
+                    c for c in pf.schema_arrow.names if c in schema.names]
+                t = pf.read(columns=stored)
             except (OSError, pa.ArrowInvalid) as e:
                 raise DeltaIOError(f"{self.path}@v{self.version}: cannot read {f}: {e}") from e
             for c, v in values.items():  # the log's value (some writers also store it)
@@ -245,10 +246,11 @@ class TableFiles:
         return pa.concat_tables(parts)
 
 
-def verify_checksum(file: str) -> None:
-    """Check ``file`` against the checksum Hadoop's local filesystem wrote beside it
-    (``.<name>.crc``: "crc\\0", bytes per checksum, one CRC-32 per chunk), as Spark does
-    when it reads it; raises :class:`OSError` on a mismatch, does nothing without one."""
+def verify_checksum(file: str, data: bytes | None = None) -> None:
+    """Check ``file`` (its bytes: ``data``, read here if not given) against the checksum
+    Hadoop's local filesystem wrote beside it (``.<name>.crc``: "crc\\0", bytes per
+    checksum, one CRC-32 per chunk), as Spark does when it reads it; raises
+    :class:`OSError` on a mismatch, does nothing without one."""
     import struct
     import zlib
 
@@ -261,15 +263,17 @@ def verify_checksum(file: str) -> None:
         raise OSError(f"{crc}: not a Hadoop checksum file")
     chunk = struct.unpack(">i", head[4:8])[0]
     sums = head[8:]
-    with f.open("rb") as fh:
-        for i in range(len(sums) // 4):
-            data = fh.read(chunk)
-            if struct.unpack(">I", sums[4 * i:4 * i + 4])[0] != zlib.crc32(data):
-                raise OSError(f"checksum error in {f} at byte {i * chunk}")
-        if fh.read(1):
-            raise OSError(f"{f} is longer than its checksum file {crc} says")
-    if len(sums) % 4 or (len(sums) // 4 == 0 and f.stat().st_size):
+    if len(sums) % 4:
         raise OSError(f"{crc} does not match {f}")
+    view = memoryview(f.read_bytes() if data is None else data)
+    expected = struct.unpack(f">{len(sums) // 4}I", sums)
+    if len(view) > chunk * len(expected):
+        raise OSError(f"{f} is longer than its checksum file {crc} says")
+    if len(view) <= chunk * (len(expected) - 1):
+        raise OSError(f"{crc} does not match {f}")
+    for i, want in enumerate(expected):
+        if zlib.crc32(view[i * chunk:(i + 1) * chunk]) != want:
+            raise OSError(f"checksum error in {f} at byte {i * chunk}")
 
 
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -61,7 +61,7 @@ from lakecast.runtime.metrics import (
     check_budget,
 )
 from lakecast.runtime.tasks import WARM_SCHEMA, ChainLink, TaskPlan, run_task, warm_task
-from lakecast.spark import default_parallelism, is_connect
+from lakecast.spark import default_parallelism, is_connect, observed_metrics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,9 +75,11 @@ if TYPE_CHECKING:
 @dataclass
 class BroadcastResult:
     """The one-pass output of a run (a :class:`~lakecast.pipeline.contract.BatchOutput`).
-    Views are lazy DataFrames over :attr:`frame`; call :meth:`persist` before the first
-    action so that every view, and the tasks' accounting rows behind :meth:`metrics`,
-    come from one computation."""
+    Views are lazy DataFrames over :attr:`frame`. For the tasks' accounting rows behind
+    :meth:`metrics` to come from the same computation as the outputs, either call
+    :meth:`persist` before the first action (several actions, e.g. one write per output),
+    or :meth:`observe` when ONE action consumes the result (e.g. writing :attr:`main`):
+    the accounting rows are then aggregated on the way to the sink, without a cache."""
 
     frame: DataFrame
     layout: OutputLayout
@@ -87,6 +89,7 @@ class BroadcastResult:
     refresh_seconds: float = 0.0
     _persisted: bool = field(default=False, repr=False)
     _task_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
+    _observation: Any = field(default=None, repr=False)
 
     #: side outputs that carry the runtime's own rows, not the function's
     internal_sides: ClassVar[tuple[str, ...]] = (TASK_SIDE,)
@@ -143,6 +146,19 @@ class BroadcastResult:
         self._persisted = True
         return self
 
+    def observe(self) -> BroadcastResult:
+        """Gather the tasks' accounting rows during the first action on any view (a Spark
+        ``Observation``): for a result consumed by one action, this replaces
+        :meth:`persist` and its cache. Call it before that action."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        task = F.col(SIDE_PREFIX + TASK_SIDE)
+        self._observation = Observation(f"lakecast-tasks-{uuid.uuid4().hex[:12]}")
+        self.frame = self.frame.observe(self._observation, F.collect_list(
+            F.when(F.col(OUTPUT_COLUMN) == F.lit(TASK_SIDE), task)).alias("tasks"))
+        return self
+
     def unpersist(self) -> None:
         if self._persisted:
             self.frame.unpersist()
@@ -166,11 +182,21 @@ class BroadcastResult:
 
     def task_rows(self) -> list[dict[str, Any]]:
         """The tasks' accounting rows, by task (one action, then remembered)."""
+        if self._task_rows is None and self._observation is not None:
+            observed = observed_metrics(self._observation)
+            if observed is None:
+                raise LakecastError(
+                    "no action has consumed this observed result yet (or the Spark Connect "
+                    "server did not report the write's metrics): run the action (e.g. write "
+                    "result.main) before reading its metrics, or persist() instead")
+            rows = [r.asDict() for r in observed["tasks"]]
+            self._task_rows = sorted(rows, key=lambda r: r["task"])
         if self._task_rows is None:
             if not self._persisted:
                 raise LakecastError(
                     "task accounting of an unpersisted result would come from a second "
-                    "computation: call persist() on the result before its first action")
+                    "computation: call persist() or observe() on the result before its "
+                    "first action")
             names = self.layout.sides[TASK_SIDE].names
             rows = [r.asDict() for r in self.side(TASK_SIDE).select(*names).collect()]
             self._task_rows = sorted(rows, key=lambda r: r["task"])

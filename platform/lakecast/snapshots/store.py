@@ -138,6 +138,9 @@ class SnapshotStore:
         self.unreadable: dict[int, str] = {}
         #: what the last :meth:`resolve` skipped, and why
         self.skipped: list[str] = []
+        #: the file list of the newest version read directly (one log replay serves the
+        #: index and the rows of a restore)
+        self._files: delta_io.TableFiles | None = None
 
     @property
     def app_id(self) -> str:
@@ -206,7 +209,9 @@ class SnapshotStore:
             return None
         where = None if checkpoint_id is None else {"checkpoint_id": int(checkpoint_id)}
         try:
-            return delta_io.table_files(self.path, version).read(columns, where)
+            if self._files is None or self._files.version != version:
+                self._files = delta_io.table_files(self.path, version)
+            return self._files.read(columns, where)
         except delta_io.DeltaIOError as e:
             log.debug("snapshot table %s read by Spark: %s", self.path, e)
             return None
