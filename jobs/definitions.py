@@ -14,6 +14,7 @@ from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.raw import RAW_GROUP
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.continuous import enrichment_continuous
+from jobs.maintenance import INTERNAL_TABLE_SPECS, lake_maintenance, lake_maintenance_job
 from jobs.microbatch import (
     broadcast_versions_accepted,
     enrichment_microbatch,
@@ -52,11 +53,11 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
 # instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
     executor=in_process_executor,
-    assets=[*BATCH_ASSETS, enrichment_microbatch_assets],
+    assets=[*BATCH_ASSETS, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS],
     asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted],
     jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
-          enrichment_continuous],
-    schedules=[daily_segment_refresh],
+          enrichment_continuous, lake_maintenance_job],
+    schedules=[daily_segment_refresh, lake_maintenance],
     sensors=[broadcast_versions_sensor],
     resources={
         "pyspark": LakecastSparkResource(),

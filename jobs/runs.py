@@ -1,7 +1,8 @@
 """One writer per pipeline: the runs of the enrichment jobs that are active.
 
 ``enrichment_microbatch`` (sensor-requested, bounded) and ``enrichment_continuous``
-(always on) write the same tables. The sensor requests nothing while a continuous
+(always on) write the same tables, and ``lake_maintenance_job`` rewrites them (compaction,
+VACUUM). The sensor requests nothing while a continuous
 run is active, and a run that starts while another writer of the pipeline runs is
 refused with :class:`SecondWriterError`, which names the active run. (The engine
 also refuses a batch planned concurrently by two processes, as a last resort:
@@ -12,7 +13,9 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, Failure, Runs
 
 MICROBATCH_JOB = "enrichment_microbatch"
 CONTINUOUS_JOB = "enrichment_continuous"
-WRITER_JOBS = (MICROBATCH_JOB, CONTINUOUS_JOB)
+#: rewrites the pipeline's tables (OPTIMIZE, VACUUM: :mod:`jobs.maintenance`)
+MAINTENANCE_JOB = "lake_maintenance_job"
+WRITER_JOBS = (MICROBATCH_JOB, CONTINUOUS_JOB, MAINTENANCE_JOB)
 
 #: runs that hold (or are about to hold) the pipeline
 ACTIVE = [
@@ -46,7 +49,7 @@ def refuse_second_writer(instance: DagsterInstance, run_id: str, job: str) -> No
         raise SecondWriterError(
             description=(
                 f"{job} refused: run {other.run_id} of {other.job_name} is writing the "
-                f"enrichment pipeline ({other.status.value}); one writer at a time. Wait "
+                f"enrichment pipeline's tables ({other.status.value}); one writer at a time. Wait "
                 f"for it to end, or terminate it (UI: Runs → {other.run_id[:8]} → Terminate), "
                 f"then launch this job again."
             )

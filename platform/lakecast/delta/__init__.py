@@ -5,6 +5,7 @@
 - :mod:`~lakecast.delta.log`     the Delta log read without Spark (versions, commit info,
   CDF files, a version's active files)
 - :mod:`~lakecast.delta.source`  Delta versions -> ordered broadcast elements
+- :mod:`~lakecast.delta.maintenance`  OPTIMIZE, VACUUM and log checkpoints with delta-rs
 - :mod:`~lakecast.delta.validation`  VersionGate: broadcast versions checked against the
   function's table contracts before they touch task state
 """

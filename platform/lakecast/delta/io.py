@@ -23,6 +23,7 @@ from lakecast.delta.log import (
     TableFiles,
     commit_actions,
     commit_info,
+    file_sizes,
     latest_version,
     read_changes_from_log,
     row_count,
@@ -287,7 +288,8 @@ def merge_keyed_state(
 
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
-    "TableFiles", "append_arrow", "commit_actions", "commit_info", "delete", "history",
+    "TableFiles", "append_arrow", "commit_actions", "commit_info", "delete", "file_sizes",
+    "history",
     "is_conflict",
     "latest_version", "merge_keyed_state", "merge_upsert", "read", "read_changes",
     "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",

@@ -448,6 +448,15 @@ def _castable_partition(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
+def file_sizes(path: str, version: int) -> dict[str, int]:
+    """``{data file: size in bytes}`` of the active files of version ``version`` of the
+    local table at ``path``, from its log (no data file is read)."""
+    if _is_uri(path):
+        raise DirectReadUnsupported(f"{path} is not on the local filesystem")
+    adds, _, _ = _replay(path, version, _log_names(path, None))
+    return {str(a["path"]): int(a.get("size") or 0) for a in adds.values()}
+
+
 def row_count(path: str, version: int) -> int | None:
     """Rows in version ``version`` of the table at ``path``, from the ``numRecords`` file
     statistics in its log (minus deletion-vector cardinalities), without reading data

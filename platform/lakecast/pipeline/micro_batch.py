@@ -83,6 +83,17 @@ class PipelineSpec:
     #: :mod:`lakecast.runtime.keyed`): versioned with the outputs, rolled back with them
     state_table: str | None = None
 
+    @property
+    def output_tables(self) -> list[str]:
+        """Every table a batch writes (main, side outputs, rejected, keyed state): the
+        tables a rewind rolls back."""
+        tables = [self.output_table, *self.side_outputs.values()]
+        if self.rejected_table:
+            tables.append(self.rejected_table)
+        if self.state_table:
+            tables.append(self.state_table)
+        return tables
+
 
 @dataclass(frozen=True)
 class BatchResult:
@@ -142,13 +153,8 @@ class MicroBatchPipeline:
 
     @property
     def output_tables(self) -> list[str]:
-        """Every table the pipeline writes (main, side outputs, rejected)."""
-        tables = [self.spec.output_table, *self.spec.side_outputs.values()]
-        if self.spec.rejected_table:
-            tables.append(self.spec.rejected_table)
-        if self.spec.state_table:
-            tables.append(self.spec.state_table)
-        return tables
+        """Every table the pipeline writes (:attr:`PipelineSpec.output_tables`)."""
+        return self.spec.output_tables
 
     def output_versions(self) -> dict[str, int]:
         out = {}

@@ -6,6 +6,7 @@
 - :mod:`~lakecast.snapshots.runtime`       SnapshottingRuntime: checkpoint and restore hooks
 - :mod:`~lakecast.snapshots.checkpointer`  when to checkpoint, what to keep, restore_checkpoint
 - :mod:`~lakecast.snapshots.listing`       summaries, readable entries, diffs (the CLI)
+- :mod:`~lakecast.snapshots.horizon`       the output versions rewinds can restore (VACUUM)
 - :mod:`~lakecast.snapshots.errors`        SnapshotError and its kinds
 """
 
