@@ -15,8 +15,10 @@ new events, updates the keyed state, persists it and appends one output row
 * **tws** — ``groupBy("key").transformWithStateInPandas`` with the RocksDB state store
   provider, fed by a Delta streaming source; one ``trigger(availableNow=True)`` query run
   per micro-batch on the same checkpoint; Delta streaming sink.
-* **lakecast** — keyed state in a Delta table (``run_lakecast``; filled in by the keyed
-  runtime in ``lakecast.api.keyed*``).
+* **lakecast** — ``KeyedBroadcastRuntime`` (``run_lakecast``): keyed state in a Delta
+  table used as a changelog: each batch appends its changed keys (delta-rs, one commit),
+  and the table is compacted to one row per key every ``compact_every`` batches (default
+  8, so one compaction falls in the steady batches of the default 10).
 
 For each side: per-batch seconds, total, first batch, steady-state mean (batches 2..B),
 state bytes on disk; the final counts and last amounts are checked against an
@@ -264,25 +266,28 @@ def run_lakecast(spark: SparkSession, root: str, events_path: str,
     3. append one row per key touched in this batch, ``key long, count long,
        last_amount double`` (the values after this batch), to the Delta table
        ``f"{root}/outputs"``;
-    4. persist the changed state (MERGE into the keyed-state Delta table).
+    4. persist the changed state (one append of the changed keys to the keyed-state Delta
+       table, a compaction every ``compact_every`` batches: ``lakecast.runtime.keyed_store``).
 
     Return ``summarize("lakecast", batch_seconds, f"{root}/state", f"{root}/outputs",
     extra)``, i.e. a dict with exactly the TWS side's keys: ``engine`` ("lakecast"),
     ``batches``, ``batch_seconds`` (list of float, one per micro-batch), ``total_s``,
     ``first_batch_s``, ``steady_mean_s`` (mean of batches 2..B), ``state_bytes`` (bytes on
     disk under the state path, all Delta versions included), ``state_path``,
-    ``output_path``, ``extra`` (free-form, e.g. rows merged per batch, state table
+    ``output_path``, ``extra`` (free-form, e.g. keys changed per batch, state table
     versions). ``main`` checks ``output_path`` against the pandas expectation.
     """
     from pyspark.sql import functions as F
 
     from lakecast.runtime.keyed import KeyedBroadcastRuntime
+    from lakecast.runtime.keyed_store import DEFAULT_COMPACT_EVERY
 
     state_path, output_path = f"{root}/state", f"{root}/outputs"
     spark.conf.set("spark.sql.shuffle.partitions", str(options.get("shuffle_partitions", 8)))
     parallelism = int(options.get("shuffle_partitions", 8))
     batch_seconds: list[float] = []
-    merged: list[int] = []
+    changed: list[int] = []
+    versions: list[int] = []
     previous: int | None = None
     for i, append in enumerate(batches):
         version = append()  # untimed, as on the TWS side
@@ -298,16 +303,17 @@ def run_lakecast(spark: SparkSession, root: str, events_path: str,
                       .drop("_change_type", "_commit_version", "_commit_timestamp"))
         result = runtime.process(events, batch_id=i, processing_time=i + 1).persist()
         delta_io.write(result.main.select("key", "count", "last_amount"), output_path)
-        runtime.commit(result)
-        merged.append(result.keyed_summary()["changed_keys"])
+        versions.append(runtime.commit(result))
+        changed.append(result.keyed_summary()["changed_keys"])
         result.unpersist()
         runtime.close()
         batch_seconds.append(time.perf_counter() - t0)
         previous = version
-        print(f"  lakecast batch {i}: {batch_seconds[-1]:.1f}s, {merged[-1]} keys merged",
+        print(f"  lakecast batch {i}: {batch_seconds[-1]:.1f}s, {changed[-1]} keys changed",
               flush=True)
     return summarize("lakecast", batch_seconds, state_path, output_path,
-                     {"keys_merged_per_batch": merged, "key_groups": 128})
+                     {"keys_changed_per_batch": changed, "state_table_versions": versions,
+                      "key_groups": 128, "compact_every": DEFAULT_COMPACT_EVERY})
 
 
 class CountAndLastKeyed(KeyedBroadcastProcessFunction):

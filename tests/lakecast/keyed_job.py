@@ -5,7 +5,7 @@ Reducing state), a ``big`` flag from a broadcast threshold, and an event-time ti
 closes the session ``GAP`` ms after its last event. :func:`reference` computes the same
 outputs in plain Python from the documented batch semantics, independently of Lakecast.
 
-    python -m tests.lakecast.keyed_job ROOT    # run the pipeline on ROOT until caught up
+    python -m tests.lakecast.keyed_job ROOT [COMPACT_EVERY]   # run ROOT until caught up
 """
 
 from __future__ import annotations
@@ -85,11 +85,13 @@ def events_for(batch: int, n: int = 60) -> list[tuple[int, int, float, int]]:
     return rows
 
 
-def reference(batches: Iterable[tuple[list[tuple[int, int, float, int]], float]]
+def reference(batches: Iterable[tuple[list[tuple[int, int, float, int]], float]],
+              states: list[dict[int, tuple[int, float, int]]] | None = None,
               ) -> list[tuple[Any, ...]]:
     """Expected outputs of Sessions, batch by batch: (events, big threshold) per batch.
     Per batch: each key's events in (ts, event_id) order, then the watermark becomes the
-    max event time so far, then due timers fire in (time, key) order."""
+    max event time so far, then due timers fire in (time, key) order. ``states`` gets the
+    keyed state after each batch: ``{user: (count, total, last ts)}``."""
     state: dict[int, dict[str, Any]] = {}
     timers: set[tuple[int, int]] = set()
     watermark = None
@@ -110,6 +112,8 @@ def reference(batches: Iterable[tuple[list[tuple[int, int, float, int]], float]]
             if s is not None and s["last"] + GAP == t:
                 out.append(("session_end", user, None, t, s["count"], s["total"], None))
                 del state[user]
+        if states is not None:
+            states.append({u: (s["count"], s["total"], s["last"]) for u, s in state.items()})
     return out
 
 
@@ -128,23 +132,28 @@ def table_paths(root: str) -> Mapping[str, str]:
                                        "keyed_state", "_progress")}
 
 
-def pipeline(spark: Any, root: str, parallelism: int | None = None) -> MicroBatchPipeline:
-    """The keyed micro-batch pipeline over ``root`` (events -> sessions, exactly once)."""
+def pipeline(spark: Any, root: str, parallelism: int | None = None,
+             **runtime_options: Any) -> MicroBatchPipeline:
+    """The keyed micro-batch pipeline over ``root`` (events -> sessions, exactly once);
+    ``runtime_options`` go to the keyed runtime (e.g. ``compact_every``)."""
     paths = table_paths(root)
     spec = PipelineSpec("sessions", "events", ("thresholds",), "sessions",
                         side_outputs={"unmatched": "unmatched"}, max_versions_per_batch=1,
                         state_table="keyed_state")
     return keyed_pipeline(spark, spec, Sessions(), table_path=lambda t: paths[t],
                           checkpoint_root=paths["_progress"], timestamp_column="ts",
-                          order_columns=("event_id",), key_groups=32, parallelism=parallelism)
+                          order_columns=("event_id",), key_groups=32, parallelism=parallelism,
+                          **runtime_options)
 
 
 def main(argv: list[str] | None = None) -> None:
     from lakecast.spark import get_spark
 
-    root = (argv or sys.argv[1:])[0]
+    args = argv or sys.argv[1:]
+    root = args[0]
+    options = {"compact_every": int(args[1])} if len(args) > 1 else {}
     spark = get_spark(app_name="keyed-job")
-    for r in pipeline(spark, root).run():
+    for r in pipeline(spark, root, **options).run():
         print(f"batch {r.plan.batch_id}: {r.counts}", flush=True)
 
 

@@ -3,6 +3,7 @@ restore after a kill, rewind to a checkpoint, TTL and schema evolution of Delta 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from lakecast.config import PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.rewind import rewind
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
+from lakecast.runtime.keyed_store import TAG
 from lakecast.runtime.keyed_tasks import KeyedStateError
 from tests.lakecast import keyed_job as kj
 from tests.lakecast.test_keyed_state import (
@@ -69,11 +71,12 @@ def _seed_events(spark, root, batches):
                        paths["events"])
 
 
-def _job(root, crash_at=None):
+def _job(root, crash_at=None, compact_every=None):
     env = {k: v for k, v in os.environ.items() if k != "LAKECAST_CRASH_AT"}
     if crash_at:
         env["LAKECAST_CRASH_AT"] = crash_at
-    proc = subprocess.run([sys.executable, "-m", "tests.lakecast.keyed_job", root],
+    extra = [str(compact_every)] if compact_every else []
+    proc = subprocess.run([sys.executable, "-m", "tests.lakecast.keyed_job", root, *extra],
                           cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=600, start_new_session=True)
     if proc.returncode not in (0, -signal.SIGKILL):
@@ -93,6 +96,21 @@ def test_keyed_pipeline_killed_between_outputs_and_state_reruns_exactly_once(spa
     got = kj.rows(delta_io.read(spark, paths["sessions"]).collect())
     want = kj.reference((kj.events_for(b), THRESHOLDS[0]) for b in range(3))
     assert got == sorted(want, key=repr)  # every output exactly once, state carried over
+
+
+def test_keyed_pipeline_killed_right_after_a_compaction_reruns_exactly_once(spark, tmp_path):
+    root = str(tmp_path / "lake")
+    _seed_events(spark, root, 3)
+    # compact_every=2: batch 1's commit appends, then compacts; it dies right after
+    assert _job(root, "state_written:1", compact_every=2) == -signal.SIGKILL
+    history = delta_io.history(spark, kj.table_paths(root)["keyed_state"])
+    ops = [json.loads(h["userMetadata"])[TAG]["op"] for h in reversed(history)]
+    assert ops == ["append", "append", "compact"]
+    assert _job(root, compact_every=2) == 0
+    paths = kj.table_paths(root)
+    got = kj.rows(delta_io.read(spark, paths["sessions"]).collect())
+    want = kj.reference((kj.events_for(b), THRESHOLDS[0]) for b in range(3))
+    assert got == sorted(want, key=repr)
 
 
 def test_rewind_restores_keyed_state_to_a_checkpoint_and_replays_identically(spark, tmp_path):

@@ -57,8 +57,13 @@ def encode_value(value: Any) -> Any:
     raise TypeError(f"a {type(value).__module__}.{type(value).__qualname__} value")
 
 
+#: ``json.dumps(..., sort_keys=True, separators=(",", ":"))`` without building an encoder
+#: per call (that was most of the cost of sorting a mapping's keys)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _canon(encoded: Any) -> str:
-    return json.dumps(encoded, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(encoded)
 
 
 _DECODERS: dict[str, Any] = {

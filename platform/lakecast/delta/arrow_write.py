@@ -29,10 +29,12 @@ def _uri(path: str) -> str:
 
 
 def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = None,
-                 merge_schema: bool = True) -> int | None:
+                 merge_schema: bool = True, user_metadata: str | None = None) -> int | None:
     """Append ``table`` to the Delta table at ``path`` (created if missing); returns the
     version committed, or ``None`` when ``txn=(app_id, version)`` was already committed
-    (nothing written). ``merge_schema`` adds new columns as Spark's ``mergeSchema`` does."""
+    (nothing written). ``merge_schema`` adds new columns as Spark's ``mergeSchema`` does;
+    ``user_metadata`` goes to the commit's ``commitInfo.userMetadata`` (as Spark's
+    ``userMetadata`` write option)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
     from deltalake.exceptions import TableNotFoundError
 
@@ -45,7 +47,11 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
         done = existing.transaction_version(txn[0])
         if done is not None and done >= txn[1]:
             return None
-    props = CommitProperties(app_transactions=[Transaction(txn[0], txn[1])]) if txn else None
+    props = None
+    if txn is not None or user_metadata is not None:
+        props = CommitProperties(
+            app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
+            custom_metadata={"userMetadata": user_metadata} if user_metadata else None)
     try:
         write_deltalake(
             existing if existing is not None else uri, table, mode="append",
@@ -59,4 +65,32 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
             f"Check that the table's schema accepts the rows (columns and types) and that "
             f"the storage is writable."
         ) from exc
+    return DeltaTable(uri).version()
+
+
+def checkpoint_log(path: str) -> int:
+    """Write a log checkpoint (classic Parquet) at the current version of the Delta table at
+    ``path`` with delta-rs, so readers replay no JSON commits before it (Spark checkpoints
+    only the versions it commits itself, every ten); returns that version."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(_uri(path))
+    table.create_checkpoint()
+    return table.version()
+
+
+def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = None) -> int:
+    """Replace every row of the existing Delta table at ``path`` with ``table`` in one
+    commit (delta-rs; same schema); returns the version committed. ``user_metadata`` as in
+    :func:`append_arrow`."""
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    uri = _uri(path)
+    props = CommitProperties(custom_metadata={"userMetadata": user_metadata}) \
+        if user_metadata else None
+    try:
+        write_deltalake(DeltaTable(uri), table, mode="overwrite", commit_properties=props)
+    except Exception as exc:  # delta-rs raises its own types; name the table
+        raise DeltaIOError(f"overwriting the Delta table at {path} with {table.num_rows} "
+                           f"rows failed: {exc}") from exc
     return DeltaTable(uri).version()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lakecast.delta.arrow_write import append_arrow
+from lakecast.delta.arrow_write import append_arrow, checkpoint_log, overwrite_arrow
 from lakecast.delta.log import (
     CDF_PROPERTY,
     CommitInfo,
@@ -252,46 +252,11 @@ def restore_version(spark: SparkSession, path: str, version: int) -> int:
     return current
 
 
-def merge_keyed_state(
-    spark: SparkSession, changes: DataFrame, path: str, keys: Sequence[str], state_column: str
-) -> int:
-    """Apply per-key state changes in ONE commit: a row whose ``state_column`` is null
-    deletes its key, any other row upserts it. Creates the table (with deletion vectors,
-    so a MERGE touching few keys does not rewrite whole files, and without a change
-    feed) when it does not exist.
-    Re-applying the same changes gives the same table (idempotent)."""
-    from pyspark.sql import functions as F
-
-    if latest_version(path, spark) is None:  # one commit, with its properties
-        (changes.where(F.col(state_column).isNotNull()).writeTo(f"delta.`{path}`")
-         .using("delta")
-         .tableProperty("delta.enableDeletionVectors", "true")
-         .tableProperty("delta.enableChangeDataFeed", "false")  # nobody reads its feed
-         .create())
-    else:
-        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-        view = _temp_view(changes)
-        try:
-            spark.sql(
-                f"MERGE INTO {table_ref(path)} AS t USING {view} AS s ON {on} "
-                f"WHEN MATCHED AND s.`{state_column}` IS NULL THEN DELETE "
-                f"WHEN MATCHED THEN UPDATE SET * "
-                f"WHEN NOT MATCHED AND s.`{state_column}` IS NOT NULL THEN INSERT *")
-        finally:
-            spark.catalog.dropTempView(view)
-    version = latest_version(path, spark)
-    assert version is not None
-    return version
-
-
-
-
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
-    "TableFiles", "append_arrow", "commit_actions", "commit_info", "delete", "file_sizes",
-    "history",
-    "is_conflict",
-    "latest_version", "merge_keyed_state", "merge_upsert", "read", "read_changes",
+    "TableFiles", "append_arrow", "checkpoint_log", "commit_actions", "commit_info",
+    "delete", "file_sizes", "history", "is_conflict",
+    "latest_version", "merge_upsert", "overwrite_arrow", "read", "read_changes",
     "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",
     "row_count", "table_exists", "table_files", "table_properties", "table_ref",
     "txn_versions", "write",

@@ -13,7 +13,7 @@ Around the batch, a runtime gets four hooks:
   anything of the batch is written (e.g. check that every task holds the same broadcast
   state); raising fails the batch with nothing written or committed;
 * :meth:`BatchRuntime.commit_state` after the outputs are written and before the batch
-  commits (e.g. the keyed runtime MERGEs its state table, versioned with the outputs);
+  commits (e.g. the keyed runtime appends to its state table, versioned with the outputs);
 * :meth:`BatchRuntime.after_commit` after the batch committed (e.g. checkpoint the
   broadcast state); returns what it did, for logs and metadata;
 * :meth:`BatchRuntime.on_rewind` when the pipeline was rewound to a checkpoint.

@@ -8,17 +8,20 @@ over one micro-batch of events at a time:
    batch plan's), the new watermark ``max(previous, max event time - delay)`` and the
    batch's processing time (fixed when planned, so a retry computes the same result);
 2. **shuffle**: each event gets ``_key_group = pmod(xxhash64(key), key_groups)``; the
-   rows of the state table the batch needs (keys in the batch, keys with due timers or
-   expiring TTL — or every key when new broadcast elements may ``apply_to_keyed_state``)
-   are unioned with the events, hash-partitioned by key group and sorted (state first,
-   then each key's events by time and order columns);
+   rows of the state table the batch needs (every row of the keys in the batch, of the
+   keys with due timers or expiring TTL — or of every key when new broadcast elements may
+   ``apply_to_keyed_state``; :mod:`lakecast.runtime.keyed_store`) are unioned with the
+   events, hash-partitioned by key group and sorted (state rows first, each key's oldest
+   first; then each key's events by time and order columns);
 3. **task**: the task-local broadcast state at ``V_prev`` comes from the worker cache of
    :mod:`lakecast.runtime` (warm across batches), is forked, and the elements in
    ``(V_prev, V]`` are applied with keyed effects (``apply_to_keyed_state`` on this task's
-   keys, broadcast-side outputs); then events key by key, then timers, then TTL cleanup;
-   the task emits outputs, one row per changed key, and one accounting row;
-4. **commit**: :meth:`KeyedBroadcastRuntime.commit` MERGEs the changed keys (and a
-   ``__meta__`` row: batch id, watermark, ``V``, schemas) into the state table — one
+   keys, broadcast-side outputs) on each key's newest row; then events key by key, then
+   timers, then TTL cleanup; the task emits outputs, one row per changed key, and one
+   accounting row;
+4. **commit**: :meth:`KeyedBroadcastRuntime.commit` appends the changed keys (tombstones
+   for deleted ones) and a ``__meta__`` row (batch id, watermark, ``V``, schemas) to the
+   state table in one blind append, and compacts it every ``compact_every`` batches — one
    Delta version per batch, so restoring keyed state to any batch is Delta time travel.
 
 Keyed state lives by key group, not by task: any parallelism reads it (rescaling is
@@ -40,22 +43,20 @@ import pyarrow as pa
 
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.api.keyed_state import check_schema, schema_json
-from lakecast.delta import io as delta_io
 from lakecast.delta.source import latest_versions, read_broadcast_elements
 from lakecast.runtime.broadcast import BroadcastResult, BroadcastRuntime
 from lakecast.runtime.executor import OutputLayout, version_json
 from lakecast.runtime.keyed_executor import (
     keyed_descriptors,
 )
+from lakecast.runtime.keyed_store import DEFAULT_COMPACT_EVERY, KeyedStateStore
 from lakecast.runtime.keyed_tasks import (
-    EXPIRES,
+    BATCH,
+    DUE,
     GROUP,
     INTERNAL_SIDES,
     KEY,
     KIND,
-    META_KEY,
-    NEXT_EVENT,
-    NEXT_PROC,
     STATE,
     STATE_SCHEMA,
     STATE_SIDE,
@@ -137,8 +138,9 @@ class KeyedResult(BroadcastResult):
 
 class KeyedBroadcastRuntime:
     """Runs a keyed broadcast function over micro-batches, keyed state in Delta at
-    ``state_path``. Keep one per Spark application; call :meth:`process` then (after the
-    outputs are written) :meth:`commit` per batch."""
+    ``state_path`` (a changelog compacted every ``compact_every`` batches,
+    :mod:`lakecast.runtime.keyed_store`). Keep one per Spark application; call
+    :meth:`process` then (after the outputs are written) :meth:`commit` per batch."""
 
     def __init__(
         self,
@@ -156,6 +158,7 @@ class KeyedBroadcastRuntime:
         state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,
         function_id: str | None = None,
         max_chain: int = 32,
+        compact_every: int = DEFAULT_COMPACT_EVERY,
     ) -> None:
         if not isinstance(function, KeyedBroadcastProcessFunction):
             raise TypeError(f"{type(function).__name__} is not a KeyedBroadcastProcessFunction")
@@ -180,7 +183,7 @@ class KeyedBroadcastRuntime:
                                           function_id=fid)
         self._chain: list[ChainLink] = []
         self._chain_version: dict[str, int] = {}
-        self._known: tuple[int, StateMeta] | None = None  # (state table version, meta)
+        self.store = KeyedStateStore(spark, state_path, key_groups, compact_every)
         self._schema = schema_json(self.descriptors)
 
     @property
@@ -188,37 +191,10 @@ class KeyedBroadcastRuntime:
         return self.broadcast.function_id
 
     # -- keyed state: which version feeds a batch -------------------------------------
-    def _meta_at(self, version: int) -> StateMeta | None:
-        """The meta row at ``version`` (``None``: the table was emptied by a rewind)."""
-        from pyspark.sql import functions as F
-
-        table = delta_io.read(self.spark, self.state_path, version=version)
-        rows = table.where(F.col(KEY) == META_KEY).select(STATE).collect()
-        if rows:
-            return StateMeta.from_json(bytes(rows[0][0]).decode())
-        if table.limit(1).count():
-            raise KeyedStateError(f"{self.state_path}@v{version} has no {META_KEY} row: not a "
-                                  "Lakecast keyed state table")
-        return None
-
     def state_before(self, batch_id: int) -> tuple[int | None, StateMeta]:
         """The state table version (and its meta) that batch ``batch_id`` starts from:
         the newest version written by an earlier batch (``None``: no state yet)."""
-        latest = delta_io.latest_version(self.state_path, self.spark)
-        if latest is None:
-            return None, StateMeta(key_groups=self.key_groups)
-        if self._known is not None and self._known[0] == latest \
-                and self._known[1].batch_id < batch_id:
-            return self._known
-        version = latest
-        while version >= 0:
-            meta = self._meta_at(version)
-            if meta is None:
-                break
-            if meta.batch_id < batch_id:
-                return version, meta
-            version -= 1  # a crashed attempt of this batch (or later) already committed
-        return None, StateMeta(key_groups=self.key_groups)
+        return self.store.state_before(batch_id)
 
     # -- the broadcast chain up to the keyed state's version --------------------------
     def _chain_to(self, target: Mapping[str, int]) -> None:
@@ -318,6 +294,8 @@ class KeyedBroadcastRuntime:
             F.when(any_null, F.lit(None)).otherwise(
                 F.to_json(F.struct(*key_cols))).alias(KEY),
             F.lit(None).cast("binary").alias(STATE),
+            F.lit(None).cast("long").alias(BATCH),
+            F.lit(None).cast("boolean").alias(DUE),
         )
         frames = [keyed_events]
         if state_version is not None:
@@ -326,7 +304,7 @@ class KeyedBroadcastRuntime:
         union = frames[0] if len(frames) == 1 else frames[0].unionByName(
             frames[1], allowMissingColumns=True)
         p = self.parallelism or default_parallelism(self.spark)
-        order = [KIND, GROUP, KEY] + ([tcol] if tcol else []) + list(self.order_columns)
+        order = [KIND, GROUP, KEY, BATCH] + ([tcol] if tcol else []) + list(self.order_columns)
         shuffled = union.repartition(p, GROUP).sortWithinPartitions(*order)
         spark_schema = from_arrow_schema(layout.schema, prefer_timestamp_ntz=False)
         frame = shuffled.mapInArrow(_keyed_task_function(plan), spark_schema)
@@ -344,33 +322,23 @@ class KeyedBroadcastRuntime:
 
     def _state_rows(self, events: DataFrame, keyed_events: DataFrame, version: int,
                     all_keys: bool, watermark: int | None, proc_time: int) -> DataFrame:
-        """The state rows a batch needs, shaped like the keyed events."""
+        """The state rows a batch needs (every row of each needed key, each with
+        ``_due``), shaped like the keyed events."""
         from pyspark.sql import functions as F
 
-        state = delta_io.read(self.spark, self.state_path, version=version).where(
-            F.col(GROUP) >= 0)
-        if not all_keys:
-            due = (F.col(NEXT_PROC) <= F.lit(proc_time)) | (F.col(EXPIRES) <= F.lit(proc_time))
-            if watermark is not None:
-                due = due | (F.col(NEXT_EVENT) <= F.lit(watermark))
-            batch_keys = (keyed_events.where(F.col(KEY).isNotNull())
-                          .select(GROUP, KEY).distinct().withColumn("_in_batch", F.lit(True)))
-            state = (state.join(batch_keys, [GROUP, KEY], "left")
-                     .where(F.col("_in_batch").isNotNull() | due).drop("_in_batch"))
+        batch_keys = keyed_events.where(F.col(KEY).isNotNull()).select(GROUP, KEY)
+        state = self.store.rows_for_batch(version, batch_keys, all_keys, watermark, proc_time)
         cols = [F.lit(None).cast(t).alias(n) for n, t in events.dtypes]
         return state.select(*cols, F.lit(0).cast("int").alias(KIND), F.col(GROUP),
-                            F.col(KEY), F.col(STATE))
+                            F.col(KEY), F.col(STATE), F.col(BATCH), F.col(DUE))
 
     def commit(self, result: KeyedResult) -> int:
-        """Persist the batch's keyed state (after its outputs are written); returns the
-        state table version. Idempotent: re-committing a batch gives the same state."""
-        meta_row = self.spark.createDataFrame(
-            [(-1, META_KEY, bytearray(result.meta.to_json().encode()), None, None, None)],
-            schema=_spark_state_schema())
-        changes = result.state_changes.select(*STATE_SCHEMA.names).unionByName(meta_row)
-        version = delta_io.merge_keyed_state(self.spark, changes, self.state_path,
-                                             keys=[GROUP, KEY], state_column=STATE)
-        self._known = (version, result.meta)
+        """Persist the batch's keyed state (after its outputs are written): append its
+        changed rows and meta row, compacting every ``compact_every`` batches; returns
+        the state table version. Idempotent: a batch already committed is not appended
+        again."""
+        changes = result.state_changes.toArrow()
+        version = self.store.commit(changes, result.meta)
         self._chain_to(result.meta.broadcast_versions)
         return version
 
@@ -382,11 +350,11 @@ class KeyedBroadcastRuntime:
                             until=plan.broadcast_versions)
 
     def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
-        """Nothing to check before the writes: keyed state is MERGEd in :meth:`commit_state`."""
+        """Nothing to check before the writes: keyed state is written in :meth:`commit_state`."""
         return None
 
     def commit_state(self, output: BatchOutput) -> None:
-        """MERGE the batch's keyed state into the state table (see :meth:`commit`)."""
+        """Append the batch's keyed state to the state table (see :meth:`commit`)."""
         if not isinstance(output, KeyedResult):
             raise TypeError(f"{type(output).__name__} is not a KeyedResult")
         self.commit(output)
@@ -397,30 +365,17 @@ class KeyedBroadcastRuntime:
 
     def on_rewind(self, plan: BatchPlan) -> None:
         """The state table was rolled back with the outputs: forget the cached version."""
-        self._known = None
+        self.store.forget()
 
     def state_size(self, version: int | None = None) -> dict[str, int]:
-        """Rows (keys) and bytes of the keyed state table (a version, default latest)."""
-        from pyspark.sql import functions as F
-
-        if delta_io.latest_version(self.state_path, self.spark) is None:
-            return {"keys": 0, "bytes": 0}
-        row = (delta_io.read(self.spark, self.state_path, version=version)
-               .where(F.col(GROUP) >= 0)
-               .agg(F.count("*"), F.sum(F.length(STATE))).collect()[0])
-        return {"keys": int(row[0]), "bytes": int(row[1] or 0)}
+        """Keys and bytes of the keyed state (a version of its table, default latest)."""
+        return self.store.size(version)
 
     def close(self) -> None:
         for link in self._chain:
             self.broadcast.release(link)
         self._chain = []
         self.broadcast.close()
-
-
-def _spark_state_schema() -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(STATE_SCHEMA)
 
 
 def _keyed_task_function(plan: KeyedTaskPlan) -> Any:

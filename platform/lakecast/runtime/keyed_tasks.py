@@ -1,6 +1,7 @@
 """The task side of :class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime`: the keyed
-state table's layout, its ``__meta__`` row (:class:`StateMeta`), and
-:func:`run_keyed_task`, what one Spark task runs over its key groups."""
+state rows' layout, the ``__meta__`` row (:class:`StateMeta`), and :func:`run_keyed_task`,
+what one Spark task runs over its key groups (the table itself:
+:mod:`lakecast.runtime.keyed_store`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from lakecast.runtime.tasks import TaskPlan
 
 KIND, GROUP, KEY, STATE = "_kind", "_key_group", "_key", "_state"
 NEXT_EVENT, NEXT_PROC, EXPIRES = "_next_event_timer", "_next_proc_timer", "_expires_at"
+BATCH, DUE = "_batch", "_due"  # the batch that wrote a state row; whether it needs this batch
 META_KEY = "__meta__"
 STATE_SIDE, TASK_SIDE = "_keyed_state", "_task"
 INTERNAL_SIDES = (STATE_SIDE, TASK_SIDE)
@@ -127,7 +129,11 @@ def _merge_into(out: Collector, c: Collector) -> None:
 
 def run_keyed_task(plan: KeyedTaskPlan, batches: Iterator[pa.RecordBatch]
                    ) -> Iterator[pa.RecordBatch]:
-    """One Spark task: restore keys, apply new broadcast elements, process, fire, persist."""
+    """One Spark task: restore keys, apply new broadcast elements, process, fire, persist.
+
+    State rows come first, each key's rows oldest first (a changelog): a key's newest row
+    is its state (a null state: deleted). A key is restored when its newest row is due
+    (or every key is needed), else only when its events arrive."""
     from pyspark import TaskContext
 
     t0 = time.perf_counter()
@@ -141,12 +147,25 @@ def run_keyed_task(plan: KeyedTaskPlan, batches: Iterator[pa.RecordBatch]
     ex.task_index = ctx.partitionId() if ctx else 0
     ex.all_keys_loaded = plan.all_keys_loaded
     ids: dict[Any, tuple[int, str]] = {}  # key -> (key group, key string)
+    newest: dict[str, tuple[int, bytes | None, bool]] = {}  # key string -> (group, state, due)
+    pending: dict[str, tuple[int, bytes]] = {}  # not due: restored when its events come
     counts = {"events_in": 0, "state_rows_in": 0, "timers_fired": 0}
     applied = False
     null_key_tag = UNMATCHED.name
     cols = list(plan.event_columns)
 
+    def restore() -> None:
+        for k, (g, blob, due) in newest.items():
+            if blob is None:
+                continue  # a tombstone: the key holds nothing
+            if due or plan.all_keys_loaded:
+                ids[ex.load_key(blob)] = (g, k)
+            else:
+                pending[k] = (g, blob)
+        newest.clear()
+
     def apply_new() -> Iterator[pa.RecordBatch]:
+        restore()
         elements = plan.elements()
         if elements:
             yield from plan.layout.encode(ex.apply_broadcast(elements), plan.version)
@@ -156,10 +175,11 @@ def run_keyed_task(plan: KeyedTaskPlan, batches: Iterator[pa.RecordBatch]
         n_state = kinds.count(0)
         if n_state:
             state_rows = batch.slice(0, n_state)
-            for g, k, blob in zip(state_rows.column(GROUP).to_pylist(),
-                                  state_rows.column(KEY).to_pylist(),
-                                  state_rows.column(STATE).to_pylist(), strict=True):
-                ids[ex.load_key(blob)] = (g, k)
+            for g, k, blob, due in zip(state_rows.column(GROUP).to_pylist(),
+                                       state_rows.column(KEY).to_pylist(),
+                                       state_rows.column(STATE).to_pylist(),
+                                       state_rows.column(DUE).to_pylist(), strict=True):
+                newest[k] = (g, blob, bool(due))  # oldest first: the newest row wins
             counts["state_rows_in"] += n_state
         if n_state == batch.num_rows:
             continue
@@ -179,6 +199,8 @@ def run_keyed_task(plan: KeyedTaskPlan, batches: Iterator[pa.RecordBatch]
             if keystr[start] is None:  # a null key has no state: unmatched, never dropped
                 out.side.setdefault(null_key_tag, []).extend(rows[start:i])
             else:
+                if keystr[start] in pending:
+                    ex.load_key(pending.pop(keystr[start])[1])
                 key = fn.get_key(rows[start])
                 ids[key] = (groups[start], keystr[start])
                 _merge_into(out, ex.process_key(key, rows[start:i]))
