@@ -112,6 +112,38 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("raw_record", "string", "The raw event as JSON."),
         ("batch_id", "int", "The micro-batch that read it (enrichment progress log)."),
     ),
+    # the pipeline's own tables (assets of the maintenance job: jobs/maintenance.py)
+    "enrichment_progress": (
+        ("batch_id", "bigint", "The micro-batch this row is about."),
+        ("kind", "string", "plan (written before the batch runs) or commit (after its "
+                           "outputs are written); a restore row marks a rewind."),
+        ("events_start", "bigint", "The batch reads events versions after this one (-1: "
+                                   "from the start)."),
+        ("events_end", "bigint", "... up to and including this events version."),
+        ("broadcast_versions", "string", "JSON {table: Delta version}: the batch's broadcast "
+                                         "state version."),
+        ("counts", "string", "JSON counts of a committed batch (events in, per output)."),
+        ("recorded_at_ms", "bigint", "When the row was written (epoch ms, UTC)."),
+        ("output_versions", "string", "JSON {output table: Delta version} after the commit "
+                                      "(what a rewind rolls the outputs back to)."),
+        ("refused", "string", "JSON list of broadcast versions refused at planning, with "
+                              "their reasons."),
+    ),
+    "enrichment_snapshots": (
+        ("checkpoint_id", "bigint", "The checkpoint (also the table's partition column)."),
+        ("kind", "string", "checkpoint (header), manifest (one per task and state) or entry."),
+        ("task", "int", "The task whose state a manifest row describes."),
+        ("state", "string", "The broadcast state's descriptor name."),
+        ("seq", "bigint", "Order of an entry row within its state content."),
+        ("key", "string", "An entry's key (typed JSON; never pickled)."),
+        ("value", "binary", "An entry's value, or Arrow IPC bytes of a table state."),
+        ("content_hash", "string", "Hash of a state's content: stored once however many "
+                                   "tasks hold it."),
+        ("n_entries", "bigint", "Entries of the state a manifest row describes."),
+        ("meta", "string", "JSON: the header's state version and batch, or a manifest's "
+                           "details."),
+        ("created_at_ms", "bigint", "When the checkpoint was taken (epoch ms, UTC)."),
+    ),
 }  # fmt: skip
 
 

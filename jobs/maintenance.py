@@ -47,6 +47,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.columns import column_metadata
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment_pipeline import ENRICHMENT, EXCLUSIVE_TAG
 from jobs.runs import (
@@ -109,6 +110,7 @@ TABLES = pipeline_tables(ENRICHMENT)
 #: job's observations of them are plotted like those of the output tables
 INTERNAL_TABLE_SPECS = [
     AssetSpec(t.name, group_name="microbatch", kinds={"delta"},
+              metadata=column_metadata(t.name),
               description=f"The {t.pipeline} pipeline's {t.kind} table (written by its "
                           f"micro-batches, maintained by {MAINTENANCE_JOB}).")
     for t in TABLES if t.kind != OUTPUT

@@ -33,7 +33,10 @@ def test_every_asset_declares_described_columns():
 
 
 def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
-    df = delta_io.read(spark, lake.table_path(table))
+    from jobs.maintenance import TABLES  # the pipeline's own tables live elsewhere
+
+    paths = {t.name: t.path(lake) for t in TABLES}
+    df = delta_io.read(spark, paths.get(table, lake.table_path(table)))
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
 
 
