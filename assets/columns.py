@@ -108,7 +108,8 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
                                      "that found no match."),
     ),
     "enrichment_rejected": (
-        ("reason", "string", "Why the event was rejected (e.g. null_user_id, bad_event_time)."),
+        ("reason", "string", "Why the event was rejected (e.g. null_user_id, bad_event_time, "
+                             "duplicate_event_id)."),
         ("raw_record", "string", "The raw event as JSON."),
         ("batch_id", "int", "The micro-batch that read it (enrichment progress log)."),
     ),

@@ -7,7 +7,9 @@ killed after N batches still shows those N):
 
 - ``batch_id``, ``events_start``/``events_end`` (the events versions ``(start, end]``),
   ``state_version`` (broadcast table → Delta version), ``batch_rows`` (rows this batch
-  wrote to the asset) and the batch's ``events_in``/``enriched``/``unmatched``/``rejected``;
+  wrote to the asset) and the batch's ``events_in``/``enriched``/``unmatched``/``rejected``
+  and ``cross_batch_duplicates`` (rejected events whose ``event_id`` an earlier batch
+  accepted; the dedup's ``dedup_watermark``/``dedup_retained``/``dedup_keys_found`` too);
 - ``dagster/row_count``: rows in the table after the batch's commit (from the Delta
   log's file statistics, no scan);
 - ``batch_seconds`` and ``commit_to_output_seconds``: from the commit of the oldest
@@ -27,7 +29,7 @@ from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionCo
 from jobs.enrichment_pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
-from lakecast.pipeline.micro_batch import BatchResult
+from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, BatchResult
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
 
 
@@ -58,7 +60,7 @@ def batch_metadata(
         "events_end": plan.events_end,
         "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
         **{k: int(counts.get(k, 0)) for k in ("events_in", "enriched", "unmatched",
-                                                "rejected")},
+                                                "rejected", CROSS_BATCH_DUPLICATES)},
     }
     if written is not None and oldest is not None and newest is not None:
         common["commit_to_output_seconds"] = round(written - oldest, 3)
@@ -88,6 +90,7 @@ def result_metadata(settings: Settings, result: BatchResult) -> dict[str, dict[s
         "state_bytes_per_task": result.state_bytes_per_task,
         "broadcast_updates_applied": result.updates_applied,
         "refused_versions_count": len(result.refused_versions),
+        **{f"dedup_{k}": v for k, v in result.dedup.items() if v is not None},
     }
     if result.checkpoint:
         extra["checkpoint_id"] = result.checkpoint["checkpoint_id"]

@@ -6,13 +6,20 @@ Shared by the sensor-triggered job (:mod:`jobs.microbatch`), the continuous job
 
 import json
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
 from lakecast.build import broadcast_pipeline
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
-from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline, PipelineSpec
+from lakecast.pipeline.dedup import DedupSpec
+from lakecast.pipeline.micro_batch import (
+    CROSS_BATCH_DUPLICATES,
+    BatchResult,
+    MicroBatchPipeline,
+    PipelineSpec,
+)
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
 if TYPE_CHECKING:
@@ -42,6 +49,10 @@ ENRICHMENT = PipelineSpec(
     output_table=ENRICHED_EVENTS,
     side_outputs={"unmatched": ENRICHMENT_UNMATCHED},
     rejected_table=ENRICHMENT_REJECTED,
+    # exactly once per event_id across batches: a copy of an event an earlier batch
+    # enriched (or sent to unmatched) is rejected as duplicate_event_id, within the
+    # retention of event time (Settings.dedup_retention unless build_pipeline says)
+    dedup=DedupSpec(key="event_id", time_column="event_ts", reason="duplicate_event_id"),
 )
 
 
@@ -54,6 +65,7 @@ def build_pipeline(
     checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
     keep_checkpoints: int | None = 10,
     function_id: str = "storefront-enrichment",
+    dedup_retention: timedelta | None = None,
 ) -> MicroBatchPipeline:
     """The enrichment pipeline over the lake of ``settings``, built whole
     (:func:`lakecast.build.broadcast_pipeline`).
@@ -62,9 +74,15 @@ def build_pipeline(
     checkpoint. ``checkpoint_every``: checkpoint the broadcast state every N committed
     batches (``None``: never); ``keep_checkpoints``: retention. A cold start restores the
     state from the newest complete checkpoint (see ``docs/snapshots.md``).
+    ``dedup_retention``: how long by event time an accepted ``event_id`` is remembered
+    (default: ``settings.dedup_retention``, ``LAKECAST_DEDUP_RETENTION``).
     """
+    assert ENRICHMENT.dedup is not None
+    retention = settings.dedup_retention if dedup_retention is None else dedup_retention
+    spec = replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch,
+                   dedup=replace(ENRICHMENT.dedup, retention=retention))
     return broadcast_pipeline(
-        spark, replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch),
+        spark, spec,
         StorefrontEnrichment(), table_path=settings.table_path,
         checkpoint_root=settings.checkpoint_root, validator=validate_events,
         parallelism=parallelism, checkpoint_every=checkpoint_every,
@@ -81,6 +99,7 @@ def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
         "enriched": sum(r.counts.get("enriched", 0) for r in results),
         "unmatched": sum(r.counts.get("unmatched", 0) for r in results),
         "rejected": sum(r.counts.get("rejected", 0) for r in results),
+        CROSS_BATCH_DUPLICATES: sum(r.counts.get(CROSS_BATCH_DUPLICATES, 0) for r in results),
         "broadcast_elements": sum(r.broadcast_elements for r in results),
         "broadcast_rows": sum(r.broadcast_rows for r in results),
         "broadcast_updates_applied": sum(r.updates_applied for r in results),

@@ -72,7 +72,9 @@ _SPECS = [
               description="Side output: valid events whose product is not in dim_products."),
     AssetSpec(ENRICHMENT_REJECTED, deps=[EVENTS], skippable=True, group_name="microbatch",
               kinds={"spark", "delta"},
-              description="Side output: malformed events, with the reason."),
+              description="Side output: malformed events and duplicate event_ids (within "
+                          "a batch, or of an event an earlier batch accepted), with the "
+                          "reason."),
 ]  # fmt: skip
 _SPECS = [s.merge_attributes(metadata=column_metadata(s.key.to_user_string())) for s in _SPECS]
 

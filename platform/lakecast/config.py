@@ -14,6 +14,9 @@ and an environment override:
 - Spark mode: ``LAKECAST_SPARK_REMOTE`` (empty: Spark in this process; ``server``: the
   project's Lakecast Spark server, started on demand; ``sc://host:port``: a running
   Spark Connect server, see :mod:`lakecast.server`)
+- how long (by event time) a micro-batch pipeline remembers the keys it accepted, to
+  reject a later copy as a duplicate: ``LAKECAST_DEDUP_RETENTION`` (``7d``; see
+  :mod:`lakecast.pipeline.dedup`)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -21,13 +24,19 @@ Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from lakecast.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: default of ``LAKECAST_DEDUP_RETENTION``
+DEFAULT_DEDUP_RETENTION = timedelta(days=7)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _is_uri(value: str) -> bool:
@@ -69,6 +78,15 @@ def parse_spark_defaults(path: Path) -> dict[str, str]:
     return out
 
 
+def parse_duration(text: str, name: str = "LAKECAST_DEDUP_RETENTION") -> timedelta:
+    """``7d``, ``36h``, ``90m``, ``3600s`` or ``3600`` (seconds) as a ``timedelta``."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise ConfigError(f"{name}={text!r} is not a duration: write e.g. 7d, 36h, 90m or "
+                          f"3600s (a bare number is seconds)")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved Lakecast settings. Build with :func:`get_settings`."""
@@ -83,6 +101,8 @@ class Settings:
     spark_conf: dict[str, str] = field(default_factory=dict)
     #: "" (in-process Spark), "server" (the project's server) or an ``sc://`` URL
     spark_remote: str = ""
+    #: how long by event time a pipeline remembers accepted keys (cross-batch dedup)
+    dedup_retention: timedelta = DEFAULT_DEDUP_RETENTION
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -131,6 +151,8 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         spark_conf_file=conf_file,
         spark_conf=parse_conf_pairs(env.get("LAKECAST_SPARK_CONF", "")),
         spark_remote=_remote(env.get("LAKECAST_SPARK_REMOTE", "")),
+        dedup_retention=parse_duration(env["LAKECAST_DEDUP_RETENTION"])
+        if env.get("LAKECAST_DEDUP_RETENTION") else DEFAULT_DEDUP_RETENTION,
     )
 
 

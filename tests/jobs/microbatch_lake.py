@@ -15,6 +15,8 @@ EVENT_COLUMNS = [
     "event_id", "user_id", "product_id", "event_type", "amount", "event_time", "device",
     "ingest_day",
 ]  # fmt: skip
+#: the enrichment pipeline's default dedup retention (``LAKECAST_DEDUP_RETENTION``)
+RETENTION = pd.Timedelta(days=7)
 EVENTS_SCHEMA = (
     "event_id LONG, user_id LONG, product_id LONG, event_type STRING, amount DOUBLE, "
     "event_time STRING, device STRING, ingest_day STRING"
@@ -76,9 +78,12 @@ def build(spark, lake) -> None:
 
 
 def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
-             prods: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
-    """The outputs, computed with pandas: rejected / unmatched / enriched (``prods``:
-    dim_products, default :func:`products`)."""
+             prods: pd.DataFrame | None = None, *, prior: pd.DataFrame | None = None,
+             retention: pd.Timedelta = RETENTION) -> dict[str, pd.DataFrame]:
+    """The outputs of one batch, computed with pandas: rejected / unmatched / enriched,
+    and ``accepted`` (event_id, ts of the enriched and unmatched events) (``prods``:
+    dim_products, default :func:`products`; ``prior``: the ``accepted`` of earlier
+    batches, for cross-batch duplicates, see :func:`expected_batches`)."""
     ev = ev.copy()
     ts = pd.to_datetime(ev["event_time"], format="%Y-%m-%d %H:%M:%S", errors="coerce")
     reason = pd.Series([None] * len(ev), dtype=object)
@@ -93,7 +98,19 @@ def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
         reason = reason.where(reason.notna() | ~cond, why)
     dup = ev.duplicated("event_id") & reason.isna()
     reason = reason.where(~dup, "duplicate_event_id")
+    if prior is not None and len(prior):
+        # retained: accepted events within the retention of the newest accepted time;
+        # a duplicate: a retained event of the same id within the retention of this one
+        kept = prior[prior["ts"] >= prior["ts"].max() - retention]
+        earlier = [pd.isna(reason.iloc[i]) and any(
+            abs(t - ts.iloc[i]) <= retention for t in kept.loc[kept.event_id == e, "ts"])
+            for i, e in enumerate(ev["event_id"])]
+        reason = reason.where(~pd.Series(earlier, index=reason.index), "duplicate_event_id")
+        ev["earlier"] = earlier
+    else:
+        ev["earlier"] = False
     ev["reason"] = reason
+    ev["ts"] = ts
     valid = ev[ev["reason"].isna()]
     prods = (products() if prods is None else prods).rename(
         columns={"category": "product_category", "price": "product_price"})
@@ -104,12 +121,60 @@ def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
     enriched["segment"] = enriched["segment"].fillna("NEW")
     enriched["vip_discount_pct"] = np.where(enriched["segment"] == "VIP", vip_pct, 0.0)
     return {
-        "rejected": ev[ev["reason"].notna()][["event_id", "reason"]],
+        "rejected": ev[ev["reason"].notna()][["event_id", "reason", "earlier"]],
         "unmatched": unmatched[["event_id"]],
         "enriched": enriched[["event_id", "user_id", "product_category", "product_price",
                               "segment", "vip_discount_pct"]],
+        "accepted": valid[["event_id", "ts"]],
     }  # fmt: skip
+
+
+def expected_batches(batches: list[pd.DataFrame], segs: pd.DataFrame, vip_pct: float,
+                     retention: pd.Timedelta = RETENTION) -> dict[str, pd.DataFrame]:
+    """:func:`expected` of one batch per frame, in order, each checked against the events
+    the earlier ones accepted; the outputs concatenated (``earlier`` in ``rejected``:
+    a duplicate of an earlier batch's event; ``cross_batch``: how many per batch)."""
+    prior = pd.DataFrame({"event_id": pd.Series([], dtype="int64"),
+                          "ts": pd.Series([], dtype="datetime64[ns]")})
+    outs = []
+    for ev in batches:
+        out = expected(ev, segs, vip_pct, prior=prior, retention=retention)
+        prior = pd.concat([prior, out["accepted"]], ignore_index=True)
+        outs.append(out)
+    merged = {k: pd.concat([o[k] for o in outs], ignore_index=True)
+              for k in ("rejected", "unmatched", "enriched", "accepted")}
+    merged["cross_batch"] = pd.DataFrame(
+        {"batch": range(len(outs)), "n": [int(o["rejected"]["earlier"].sum()) for o in outs]})
+    return merged
 
 
 def versions(value: str) -> dict[str, int]:
     return json.loads(value)
+
+
+def run_microbatch(crash_at: str | None = None, *args: str) -> int:
+    """``python -m jobs.microbatch --max-versions-per-batch 1 ARGS`` in a process of its
+    own (``LAKECAST_CRASH_AT=crash_at``: SIGKILL at that point); its return code (-9:
+    killed). Raises when it fails otherwise."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from lakecast.config import PROJECT_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "LAKECAST_CRASH_AT"}
+    if crash_at:
+        env["LAKECAST_CRASH_AT"] = crash_at
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs.microbatch", "--max-versions-per-batch", "1", *args],
+        cwd=PROJECT_ROOT, env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    out, _ = proc.communicate(timeout=600)
+    with contextlib.suppress(ProcessLookupError):  # no lingering JVM of a killed job
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(out)
+    return proc.returncode

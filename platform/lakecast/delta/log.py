@@ -211,6 +211,8 @@ class TableFiles:
     nbytes: int  # uncompressed size of the files' row groups (an estimate of the Arrow size)
     #: each file's partition values (column -> Delta's string form; None: null)
     partitions: tuple[dict[str, str | None], ...] = ()
+    #: each file's statistics from its ``add`` action (``None``: the writer wrote none)
+    stats: tuple[dict[str, Any] | None, ...] = ()
 
     def read(self, columns: Sequence[str] | None = None,
              where: Mapping[str, object] | None = None) -> pa.Table:
@@ -377,9 +379,12 @@ def _file_key(action: dict[str, Any]) -> str:
     return f"{action['path']}#{dv.get('storageType')}{dv.get('pathOrInlineDv')}@{dv.get('offset')}"
 
 
-def table_files(path: str, version: int, *, large_types: bool = False) -> TableFiles:
+def table_files(path: str, version: int, *, large_types: bool = False,
+                open_files: bool = True) -> TableFiles:
     """The files and Arrow schema of version ``version`` of the table at ``path``, from
-    its log, to read it without Spark (:meth:`TableFiles.read`).
+    its log, to read it without Spark (:meth:`TableFiles.read`). ``open_files=False``
+    reads the log only (no Parquet footer is opened: ``num_rows``/``nbytes`` are 0 and a
+    file's schema is checked when it is read).
 
     Raises :class:`DirectReadUnsupported` (with the reason) when that is not safe and
     Spark must read it: URI paths, deletion vectors in use, column mapping, partition
@@ -419,8 +424,12 @@ def table_files(path: str, version: int, *, large_types: bool = False) -> TableF
     by_path = {a["path"]: a for a in adds.values()}
     partitions = tuple({c: (by_path[n].get("partitionValues") or {}).get(c) for c in part_cols}
                        for n in sorted(by_path)) if part_cols else ()
+    stats = tuple(json.loads(by_path[n].get("stats") or "null") for n in sorted(by_path))
     for name in sorted(by_path):
         f = _file_path(root, name)
+        if not open_files:
+            files.append(str(f))
+            continue
         try:
             pf = pq.ParquetFile(f, coerce_int96_timestamp_unit="us")
         except (OSError, pa.ArrowInvalid) as e:
@@ -438,7 +447,7 @@ def table_files(path: str, version: int, *, large_types: bool = False) -> TableF
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise DirectReadUnsupported(f"{f}: file schema does not convert: {e}") from e
         files.append(str(f))
-    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes, partitions)
+    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes, partitions, stats)
 
 
 def _castable_partition(t: pa.DataType) -> bool:

@@ -5,9 +5,12 @@
 - :mod:`~lakecast.pipeline.micro_batch`  MicroBatchPipeline: plan, read, validate, process,
   reconcile, write, commit
 - :mod:`~lakecast.pipeline.rewind`       roll a pipeline back to a committed batch
+- :mod:`~lakecast.pipeline.dedup`        exactly once per key across batches (DedupSpec)
+- :mod:`~lakecast.pipeline.events`       a batch's new events (append-only range)
 """
 
 from lakecast.pipeline.contract import TASK_SIDE, BatchOutput, BatchRuntime
+from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import (
     BatchResult,
     MicroBatchPipeline,
@@ -19,5 +22,6 @@ from lakecast.pipeline.rewind import rewind
 
 __all__ = [
     "TASK_SIDE", "BatchCommit", "BatchOutput", "BatchPlan", "BatchResult", "BatchRuntime",
+    "DedupSpec",
     "MicroBatchPipeline", "PipelineSpec", "ProgressLog", "ReconciliationError", "rewind",
 ]

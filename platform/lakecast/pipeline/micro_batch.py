@@ -11,7 +11,8 @@ since the last committed batch, as one or more batches:
    Change Data Feed in the range; the first batch reads the table as of
    ``events_end``);
 3. **validate**: rows a validator marks with a ``_reason`` go to the rejected
-   side table with their reason and raw record — never dropped, never a crash;
+   side table with their reason and raw record — never dropped, never a crash; so do
+   valid rows whose key an earlier batch accepted (``spec.dedup``, :mod:`.dedup`);
 4. **process** the valid rows with the pipeline's runtime (any
    :class:`~lakecast.pipeline.contract.BatchRuntime`: task-local state on Spark), in one
    pass that yields the main output, every side output and one accounting row per task;
@@ -31,7 +32,6 @@ Rewinds (:mod:`lakecast.pipeline.rewind`) go back to a checkpointed batch.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,6 +41,9 @@ from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import BatchRuntime, CollectableOutput
+from lakecast.pipeline.dedup import EARLIER_BATCH, DedupLookup, DedupSpec, Prior
+from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
+from lakecast.pipeline.events import read_new_events
 from lakecast.pipeline.faults import crash_point
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog
 from lakecast.pipeline.rewind import finish_rewind
@@ -49,15 +52,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 REASON_COLUMN = "_reason"
+#: counts key: valid events rejected as duplicates of events earlier batches accepted
+CROSS_BATCH_DUPLICATES = "cross_batch_duplicates"
 #: default :attr:`MicroBatchPipeline.collect_max_rows`
 COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
-
-
-class AppendOnlyError(LakecastError):
-    """The events table was rewritten (deletes/updates) inside a batch's range."""
 
 
 class ConcurrentRunError(LakecastError):
@@ -82,6 +83,8 @@ class PipelineSpec:
     #: a table the runtime writes in ``commit_state`` (e.g. a keyed function's state,
     #: :mod:`lakecast.runtime.keyed`): versioned with the outputs, rolled back with them
     state_table: str | None = None
+    #: reject valid events whose key an earlier batch accepted (:mod:`.dedup`)
+    dedup: DedupSpec | None = None
 
     @property
     def output_tables(self) -> list[str]:
@@ -120,6 +123,9 @@ class BatchResult:
     full_reloads: list[dict[str, Any]] = field(default_factory=list)
     #: the Delta version of every output table after the batch's commit
     output_versions: dict[str, int] = field(default_factory=dict)
+    #: the cross-batch dedup's lookup: ``watermark`` (ISO), ``retained`` events, ``keys``
+    #: found (empty without a dedup or before any commit)
+    dedup: dict[str, Any] = field(default_factory=dict)
 
     @property
     def events_in(self) -> int:
@@ -150,6 +156,10 @@ class MicroBatchPipeline:
         #: batches of at most this many events are collected to the driver and written
         #: with delta-rs (no Spark job per output); larger ones are written by Spark
         self.collect_max_rows = COLLECT_MAX_ROWS
+        #: the cross-batch dedup of ``spec.dedup`` (``None``: off)
+        self.dedup = None if spec.dedup is None else DedupLookup(
+            spark, spec.dedup, table_path, spec.events_table,
+            [spec.output_table, *spec.side_outputs.values()])
 
     @property
     def output_tables(self) -> list[str]:
@@ -208,37 +218,10 @@ class MicroBatchPipeline:
     # -- one batch ------------------------------------------------------------
 
     def read_events(self, plan: BatchPlan) -> tuple[DataFrame, int | None]:
-        """The plan's new events, and how many rows the Delta log says they are (the
-        ``numRecords`` statistics of the range's ``add`` actions, read without Spark;
-        ``None`` when a file has none). That count is independent of the read, so the
-        batch reconciles against it. One pass over the range's commits also checks that
-        it only appends."""
-        from pyspark.sql import functions as F
-
-        path = self.table_path(self.spec.events_table)
-        if plan.events_start < 0:
-            return (delta_io.read(self.spark, path, version=plan.events_end),
-                    delta_io.row_count(path, plan.events_end))
-        rows: int | None = 0
-        for version in range(plan.events_start + 1, plan.events_end + 1):
-            for action in delta_io.commit_actions(path, version, self.spark):
-                if "cdc" in action or ("remove" in action
-                                       and action["remove"].get("dataChange", True)):
-                    raise AppendOnlyError(
-                        f"{self.spec.events_table} version {version} deletes or updates "
-                        f"rows; the micro-batch reads an append-only events table "
-                        f"(reprocessing rewritten events would duplicate output). Reset the "
-                        f"pipeline's outputs and progress log, or append instead of "
-                        f"overwriting."
-                    )
-                add = action.get("add")
-                if add is not None and add.get("dataChange", True) and rows is not None:
-                    n = json.loads(add.get("stats") or "{}").get("numRecords")
-                    rows = None if n is None else rows + int(n)
-        changes = delta_io.read_changes(self.spark, path, plan.events_start + 1, plan.events_end)
-        return changes.filter(F.col("_change_type") == "insert").drop(
-            "_change_type", "_commit_version", "_commit_timestamp"
-        ), rows
+        """The plan's new events and their row count from the Delta log
+        (:func:`~lakecast.pipeline.events.read_new_events`)."""
+        return read_new_events(self.spark, self.table_path(self.spec.events_table),
+                               self.spec.events_table, plan)
 
     def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
         """Process one planned batch: count and reconcile first, then write, then commit.
@@ -267,12 +250,13 @@ class MicroBatchPipeline:
         collect = (not self.spec.state_table and n_logged is not None
                    and n_logged <= self.collect_max_rows)
         rejected = None
+        prior = self._prior(plan)
         # a collected batch is one Spark job: its branches share the read (Spark reuses the
         # identical exchange), so caching it would only cost (~0.9 s of a ~2 s batch)
         keep = (lambda df: df) if collect else (
             lambda df: df.persist(StorageLevel.MEMORY_AND_DISK))
-        if self.validator is not None:
-            checked = keep(self.validator(events))
+        if self.validator is not None or (prior is not None and prior.found):
+            checked = keep(self._validate(events, prior))
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
             valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
             if collect and n_logged is not None:  # rejected: counted from collected rows
@@ -281,12 +265,15 @@ class MicroBatchPipeline:
                 by_reason = {r[0]: r[1]
                              for r in checked.groupBy(REASON_COLUMN).count().collect()}
                 counts = {"events_in": sum(by_reason.values()),
-                          "rejected": sum(n for k, n in by_reason.items() if k is not None)}
+                          "rejected": sum(n for k, n in by_reason.items() if k is not None),
+                          CROSS_BATCH_DUPLICATES: by_reason.get(EARLIER_BATCH, 0)}
         else:
             checked = keep(events)
             valid = checked
             counts = {"events_in": n_logged if collect and n_logged is not None
                       else checked.count()}
+        if self.dedup is not None:
+            counts.setdefault(CROSS_BATCH_DUPLICATES, 0)
         crash_point("read", plan.batch_id)
         result = self.runtime.process_batch(valid, plan)
         try:
@@ -295,6 +282,8 @@ class MicroBatchPipeline:
             else:
                 if rejected is not None and "rejected" not in counts:  # not collectable
                     counts["rejected"] = rejected.count()
+                    counts[CROSS_BATCH_DUPLICATES] = rejected.where(
+                        F.col(REASON_COLUMN) == EARLIER_BATCH).count()
                 state_check = self._distributed(result.persist(), rejected, counts, plan)
             metrics = result.metrics()
         finally:
@@ -322,9 +311,28 @@ class MicroBatchPipeline:
                 for e in result.new_elements if (getattr(e, "meta", None) or {}).get(
                     "full_reload")],
             output_versions=output_versions,
+            dedup={} if prior is None else prior.summary(),
         )
         checkpoint = self.runtime.after_commit(plan)
         return replace(batch, checkpoint=checkpoint) if checkpoint else batch
+
+    def _prior(self, plan: BatchPlan) -> Prior | None:
+        """What the dedup checks the batch against: the accepted events as of the output
+        versions the last committed batch recorded (never this batch's own writes)."""
+        if self.dedup is None:
+            return None
+        _, last = self.log.last_committed()
+        return self.dedup.prior(plan, last.output_versions if last is not None else {})
+
+    def _validate(self, events: DataFrame, prior: Prior | None) -> DataFrame:
+        """Events with ``_reason``: the validator's, then the cross-batch duplicates."""
+        from pyspark.sql import functions as F
+
+        checked = (self.validator(events) if self.validator is not None
+                   else events.withColumn(REASON_COLUMN, F.lit(None).cast("string")))
+        if prior is None or not prior.found or self.dedup is None:
+            return checked
+        return self.dedup.mark(checked, prior, REASON_COLUMN)
 
     def _reconcile(self, by_output: Mapping[str | None, int], tasks: list[dict[str, Any]],
                    summary: Mapping[str, int], counts: dict[str, int], plan: BatchPlan) -> None:
@@ -359,6 +367,8 @@ class MicroBatchPipeline:
         bad = out.extra
         if bad is not None:
             counts["rejected"] = bad.num_rows
+            if self.dedup is not None:
+                bad, counts[CROSS_BATCH_DUPLICATES] = self.dedup.finish_rejected(bad)
         self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan)
         state_check = self.runtime.before_commit(result, plan)
         self._write_outputs(self._append, out.main, out.sides,
@@ -372,10 +382,11 @@ class MicroBatchPipeline:
         self._reconcile(result.output_counts(), result.task_rows(), result.summary(),
                         counts, plan)
         state_check = self.runtime.before_commit(result, plan)
+        bad = None if rejected is None else self._rejected_rows(rejected, plan)
+        if bad is not None and self.dedup is not None:
+            bad = bad.withColumn("reason", self.dedup.public_reason(bad["reason"]))
         self._write_outputs(self._write, result.main,
-                            {s: result.side(s) for s in result.side_output_names},
-                            None if rejected is None else self._rejected_rows(rejected, plan),
-                            plan)
+                            {s: result.side(s) for s in result.side_output_names}, bad, plan)
         if self.spec.state_table:
             crash_point("outputs_written", plan.batch_id)
         self.runtime.commit_state(result)
