@@ -1,6 +1,6 @@
 # Lakecast: two commands on a fresh clone.
 #   make demo   runs the main job on the embedded default (local Spark, var/lake, SQLite Dagster)
-#   make test   runs the test suite (and ruff)
+#   make test   runs the test suite (and ruff); installs Debian's chromium for the browser test
 # Both bootstrap the environment (venv, pinned deps, Delta JARs) on first use, idempotently.
 
 PYTHON ?= python3
@@ -15,7 +15,7 @@ export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
 # empty for Spark inside each process: `make demo LAKECAST_SPARK_REMOTE=`.
 LAKECAST_SPARK_REMOTE ?= server
 
-.PHONY: setup demo test lint ui bench clean clean-lake lock server-start server-stop server-status
+.PHONY: setup browser demo test lint ui bench clean clean-lake lock server-start server-stop server-status
 
 setup: $(DEPS) $(JARS)
 
@@ -30,10 +30,18 @@ $(DEPS): pyproject.toml constraints.txt
 $(JARS): deploy/maven/pom.xml $(DEPS)
 	@$(PY) -m lakecast.jars
 
+# The browser test (tests/ui) drives Debian's chromium through Playwright (Playwright's own
+# browser download is not reachable here). Installed once; nothing to do when on PATH.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "==> installing Debian's chromium for the browser test (apt-get)"; \
+	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "could not install chromium: tests/ui will be skipped"
+
 demo: setup
 	@LAKECAST_SPARK_REMOTE=$(LAKECAST_SPARK_REMOTE) $(PY) -m jobs.demo
 
-test: setup
+test: setup browser
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/pytest -q
 
@@ -44,7 +52,7 @@ ui: setup
 	@mkdir -p "$(DAGSTER_HOME)"
 	@test -f "$(DAGSTER_HOME)/dagster.yaml" || cp deploy/dagster/dagster.yaml "$(DAGSTER_HOME)/dagster.yaml"
 	@if [ "$(LAKECAST_SPARK_REMOTE)" = server ]; then $(VENV)/bin/lakecast server start; fi
-	@LAKECAST_SPARK_REMOTE=$(LAKECAST_SPARK_REMOTE) $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
+	@LAKECAST_SPARK_REMOTE=$(LAKECAST_SPARK_REMOTE) $(PY) -m jobs.ui -p 3000
 
 server-start: setup
 	@$(VENV)/bin/lakecast server start

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from benchmarks.sensor_freshness import bench_env, build_lake
+from jobs.ui import READY
 from lakecast.config import PROJECT_ROOT, get_settings
 
 if TYPE_CHECKING:
@@ -125,9 +126,8 @@ def streaming_query(root: str) -> int:
 def start_consumer(mode: str, root: Path, env: dict[str, str], port: int) -> subprocess.Popen:
     bin_dir = Path(sys.executable).parent
     log = open(root / f"{mode}.log", "w")  # noqa: SIM115 - the child owns it
-    if mode == "sensor":
-        cmd = [str(bin_dir / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
-               "-w", str(PROJECT_ROOT / "workspace.yaml")]
+    if mode == "sensor":  # dagster dev as `make ui` runs it
+        cmd = [sys.executable, "-m", "jobs.ui", "-p", str(port)]
     elif mode == "continuous":
         config = root / "continuous.yaml"
         config.write_text(json.dumps({"ops": {"enrichment_continuous_loop": {"config": {
@@ -179,7 +179,7 @@ def consumer_ready(mode: str, root: Path) -> bool:
     if mode == "streaming":
         return ("streaming query started" in text
                 and delta_io.latest_version(str(root / "lake" / SINK)) is not None)
-    return {"sensor": "Serving dagster-webserver", "continuous": "watching"}[mode] in text
+    return {"sensor": READY, "continuous": "watching"}[mode] in text
 
 
 def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:

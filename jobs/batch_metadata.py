@@ -12,6 +12,8 @@ killed after N batches still shows those N):
   accepted; the dedup's ``dedup_watermark``/``dedup_retained``/``dedup_keys_found`` too);
 - ``dagster/row_count``: rows in the table after the batch's commit (from the Delta
   log's file statistics, no scan);
+- ``state_bytes_per_task``, ``state_bytes_total`` (x ``parallelism``), ``state_budget_bytes``
+  and ``state_over_budget`` (the ``state_budget`` check reads them: :mod:`jobs.state_budget`);
 - ``batch_seconds`` and ``commit_to_output_seconds``: from the commit of the oldest
   events version in the batch to the commit of the batch's main output (and
   ``newest_commit_to_output_seconds`` from the newest one).
@@ -27,6 +29,7 @@ from typing import Any
 from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
 
 from jobs.enrichment_pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
+from jobs.state_budget import state_budget_metadata
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, BatchResult
@@ -88,6 +91,7 @@ def result_metadata(settings: Settings, result: BatchResult) -> dict[str, dict[s
         "cold_tasks": result.cold_tasks,
         "parallelism": result.parallelism,
         "state_bytes_per_task": result.state_bytes_per_task,
+        **state_budget_metadata(result),
         "broadcast_updates_applied": result.updates_applied,
         "refused_versions_count": len(result.refused_versions),
         **{f"dedup_{k}": v for k, v in result.dedup.items() if v is not None},

@@ -45,7 +45,7 @@ from jobs.enrichment_pipeline import (
     summarize,
 )
 from jobs.microbatch import log_batch
-from jobs.runs import CONTINUOUS_JOB, refuse_second_writer
+from jobs.runs import CONTINUOUS_JOB, QUIET_RUN_LOGS, refuse_second_writer
 from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.spark import is_connect
 
@@ -158,6 +158,7 @@ def enrichment_continuous_loop(
     description="Continuous mode: one warm run that enriches each events commit as it lands "
                 "(see jobs/continuous.py). Terminate it from the UI to stop.",
     tags={"lakecast/exclusive": CONTINUOUS_JOB},
+    config=QUIET_RUN_LOGS,
 )
 def enrichment_continuous() -> None:
     enrichment_continuous_loop()

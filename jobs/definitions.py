@@ -11,7 +11,7 @@ from dagster import (
 )
 
 from assets import BATCH_ASSETS, BATCH_CHECKS
-from assets.raw import RAW_GROUP
+from assets.raw import RAW_GROUP, events
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.continuous import enrichment_continuous
 from jobs.maintenance import INTERNAL_TABLE_SPECS, lake_maintenance, lake_maintenance_job
@@ -20,14 +20,18 @@ from jobs.microbatch import (
     enrichment_microbatch,
     enrichment_microbatch_assets,
 )
+from jobs.runs import QUIET_RUN_LOGS
 from jobs.sensors import broadcast_versions_sensor
+from jobs.state_budget import state_budget
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, USER_FEATURES, USER_SEGMENTS
 
 dimension_refresh_job = define_asset_job(
     "dimension_refresh_job",
-    selection=AssetSelection.groups(RAW_GROUP) | AssetSelection.assets(DIM_USERS, DIM_PRODUCTS),
+    selection=AssetSelection.groups(RAW_GROUP).materializable()
+    | AssetSelection.assets(DIM_USERS, DIM_PRODUCTS),
     description="Register the raw tables, MERGE-refresh dim_users and dim_products, and run "
     "their checks.",
+    config=QUIET_RUN_LOGS,
 )
 
 daily_segment_refresh_job = define_asset_job(
@@ -53,8 +57,8 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
 # instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
     executor=in_process_executor,
-    assets=[*BATCH_ASSETS, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS],
-    asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted],
+    assets=[*BATCH_ASSETS, events, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS],
+    asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted, state_budget],
     jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
           enrichment_continuous, lake_maintenance_job],
     schedules=[daily_segment_refresh, lake_maintenance],

@@ -20,6 +20,7 @@ from lakecast.pipeline.micro_batch import (
     MicroBatchPipeline,
     PipelineSpec,
 )
+from lakecast.runtime.metrics import DEFAULT_STATE_BUDGET_BYTES
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def build_pipeline(
     keep_checkpoints: int | None = 10,
     function_id: str = "storefront-enrichment",
     dedup_retention: timedelta | None = None,
+    state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,
 ) -> MicroBatchPipeline:
     """The enrichment pipeline over the lake of ``settings``, built whole
     (:func:`lakecast.build.broadcast_pipeline`).
@@ -76,6 +78,7 @@ def build_pipeline(
     state from the newest complete checkpoint (see ``docs/snapshots.md``).
     ``dedup_retention``: how long by event time an accepted ``event_id`` is remembered
     (default: ``settings.dedup_retention``, ``LAKECAST_DEDUP_RETENTION``).
+    ``state_budget_bytes``: budget for the state x parallelism (reported per batch).
     """
     assert ENRICHMENT.dedup is not None
     retention = settings.dedup_retention if dedup_retention is None else dedup_retention
@@ -87,7 +90,7 @@ def build_pipeline(
         checkpoint_root=settings.checkpoint_root, validator=validate_events,
         parallelism=parallelism, checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, timestamp_column="event_ts",
-        function_id=function_id,
+        function_id=function_id, state_budget_bytes=state_budget_bytes,
     )
 
 

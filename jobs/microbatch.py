@@ -47,13 +47,15 @@ from jobs.enrichment_pipeline import (
     refused_versions,
     summarize,
 )
-from jobs.runs import MICROBATCH_JOB, refuse_second_writer
+from jobs.runs import MICROBATCH_JOB, QUIET_RUN_LOGS, refuse_second_writer
+from jobs.state_budget import reported_by_check
 from lakecast.config import Settings, get_settings
 from lakecast.delta.source import latest_versions
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.pipeline.progress import BatchPlan
+from lakecast.runtime.metrics import DEFAULT_STATE_BUDGET_BYTES
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
 __all__ = [
@@ -96,6 +98,9 @@ class MicroBatchRunConfig(Config):
     follow: bool = Field(
         default=False, description="Also process what commits while the run is going "
         "(until caught up); by default a run processes the versions it was requested for.")
+    state_budget_bytes: int = Field(
+        default=DEFAULT_STATE_BUDGET_BYTES, description="Budget for the broadcast state x "
+        "parallelism: a batch over it makes the state_budget check WARN (with the numbers).")
 
 
 def requested_versions(tags: Mapping[str, str], settings: Settings) -> dict[str, int | None]:
@@ -132,7 +137,8 @@ def enrichment_microbatch_assets(
         raise Failure(description=str(e)) from e
     pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings,
                               config.max_versions_per_batch,
-                              checkpoint_every=config.checkpoint_every)
+                              checkpoint_every=config.checkpoint_every,
+                              state_budget_bytes=config.state_budget_bytes)
     held: list[BatchResult] = []
 
     def before_batch(plan: BatchPlan) -> None:
@@ -143,8 +149,9 @@ def enrichment_microbatch_assets(
         log_batch(context.log, r)
         held.append(r)
 
-    results = pipeline.run(max_batches=config.max_batches, max_seconds=config.max_seconds,
-                           until=until, on_batch=on_batch, before_batch=before_batch)
+    with reported_by_check():
+        results = pipeline.run(max_batches=config.max_batches, max_seconds=config.max_seconds,
+                               until=until, on_batch=on_batch, before_batch=before_batch)
     if not results:
         context.log.info(f"no new events since the last committed batch (up to {until})")
         return
@@ -195,6 +202,7 @@ enrichment_microbatch = define_asset_job(
     MICROBATCH_JOB,
     selection=[s.key for s in _SPECS],
     tags={EXCLUSIVE_TAG: "enrichment_microbatch"},
+    config=QUIET_RUN_LOGS,
     description="Enrich new events with the current broadcast state, exactly once.",
 )
 

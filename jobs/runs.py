@@ -11,6 +11,11 @@ also refuses a batch planned concurrently by two processes, as a last resort:
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, Failure, RunsFilter
 
+#: default run config of the frequent jobs: their runs print only warnings and errors to the
+#: terminal of ``dagster dev`` (the default prints every event, ~20 lines a run); every event
+#: and log line is still stored and shown on the run's page. A launch may override it.
+QUIET_RUN_LOGS = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
 MICROBATCH_JOB = "enrichment_microbatch"
 CONTINUOUS_JOB = "enrichment_continuous"
 #: rewrites the pipeline's tables (OPTIMIZE, VACUUM: :mod:`jobs.maintenance`)

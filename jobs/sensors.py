@@ -23,6 +23,10 @@ of the job still queued or in progress, or an active ``enrichment_continuous`` r
 (continuous mode, :mod:`jobs.continuous`): skip without advancing the cursor (the
 instance's tag concurrency limit of 1 also guarantees no overlap). A requested run
 processes the versions in its ``lakecast/versions`` tag and ends.
+
+When the events table's version moved (since the cursor and since the newest recorded
+observation) the tick also records an observation of the ``events`` source asset whose
+data version is that Delta version (:func:`assets.raw.events_observation`), run or not.
 """
 
 
@@ -32,6 +36,8 @@ import os
 from collections.abc import Iterable, Mapping
 
 from dagster import (
+    AssetKey,
+    AssetObservation,
     DefaultSensorStatus,
     RunRequest,
     SensorEvaluationContext,
@@ -40,6 +46,7 @@ from dagster import (
     sensor,
 )
 
+from assets.raw import events_observation
 from jobs.enrichment_pipeline import pipeline_versions
 from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, VERSIONS_TAG, enrichment_microbatch
 from jobs.runs import WRITER_JOBS, active_runs
@@ -107,6 +114,27 @@ def _cursor(versions: Mapping[str, int | None]) -> str:
     return json.dumps(versions, sort_keys=True)
 
 
+def _events_moved(context: SensorEvaluationContext, previous: Versions | None,
+                  versions: Versions) -> bool:
+    """The events table is at a version neither the cursor nor the newest recorded
+    observation of ``events`` has (a skipped tick does not advance the cursor)."""
+    current = versions.get(ENRICHMENT.events_table)
+    if previous is not None and previous.get(ENRICHMENT.events_table) == current:
+        return False
+    record = context.instance.get_latest_data_version_record(
+        AssetKey(ENRICHMENT.events_table), is_source=True)
+    observation = record.asset_observation if record is not None else None
+    return observation is None or observation.data_version != str(current)
+
+
+def _skip(reason: str, observed: list[AssetObservation], cursor: str | None = None
+          ) -> SensorResult | SkipReason:
+    """Skip the tick, still recording the observation of ``events`` (if any)."""
+    if not observed and cursor is None:
+        return SkipReason(reason)
+    return SensorResult(skip_reason=reason, cursor=cursor, asset_events=observed)
+
+
 @sensor(
     job=enrichment_microbatch,
     minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
@@ -118,16 +146,19 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
     versions = watched_versions()
     if versions.get(ENRICHMENT.events_table) is None:
         return SkipReason(f"no events table yet ({ENRICHMENT.events_table})")
-    unchanged = parse_cursor(context.cursor, versions) == versions
+    previous = parse_cursor(context.cursor, versions)
+    unchanged = previous == versions
+    settings = get_settings()
+    observed = [events_observation(settings)] if _events_moved(context, previous,
+                                                               versions) else []
     active = active_runs(context.instance, WRITER_JOBS)
     if active:
         if unchanged:
             return SkipReason(f"no new Delta versions: {versions}")
-        return SkipReason(
+        return _skip(
             f"run {active[0].run_id} of {active[0].job_name} is still active; new versions "
-            "will be picked up by it or after it"
-        )
-    log_path = progress_path(get_settings().checkpoint_root, ENRICHMENT.name)
+            "will be picked up by it or after it", observed)
+    log_path = progress_path(settings.checkpoint_root, ENRICHMENT.name)
     tags = {EXCLUSIVE_TAG: enrichment_microbatch.name, VERSIONS_TAG: _cursor(versions)}
     if unchanged:  # no table moved; a run killed mid-batch still needs its batch redone
         try:
@@ -139,17 +170,17 @@ def broadcast_versions_sensor(context: SensorEvaluationContext) -> SensorResult 
         # one redo run per crashed batch (its own run key); if that one dies too, the next
         # new version requests the next run
         return SensorResult(run_requests=[RunRequest(
-            run_key=f"{run_key_for(versions)}-redo-{pending.batch_id}", tags=tags)])
+            run_key=f"{run_key_for(versions)}-redo-{pending.batch_id}", tags=tags)],
+            asset_events=observed)
     try:
         reason = pending_work(versions, read_position(log_path))
     except delta_io.DirectReadUnsupported as e:  # e.g. an object-store lake: let the run decide
         reason = f"progress log {log_path} not readable without Spark ({e})"
     if reason is None:
-        return SensorResult(
-            skip_reason=f"no work: the last committed batch covers {versions}",
-            cursor=_cursor(versions),
-        )
+        return _skip(f"no work: the last committed batch covers {versions}", observed,
+                     _cursor(versions))
     return SensorResult(
         run_requests=[RunRequest(run_key=run_key_for(versions), tags=tags)],
         cursor=_cursor(versions),
+        asset_events=observed,
     )

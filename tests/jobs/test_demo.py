@@ -25,7 +25,7 @@ def test_demo_materializes_through_named_jobs(spark, lake):
                                                        "daily_segment_refresh_job"}  # fmt: skip
         mats = dims.get_asset_materialization_events()
         assert {m.asset_key.to_user_string() for m in mats} == {
-            "raw_users", "raw_products", "events", "dim_users", "dim_products"}  # fmt: skip
+            "raw_users", "raw_products", "dim_users", "dim_products"}  # fmt: skip
         seg = segs.get_asset_materialization_events()  # one per asset and day of the range
         for asset in ("user_features", USER_SEGMENTS):
             days = [m.partition for m in seg if m.asset_key.to_user_string() == asset]

@@ -49,6 +49,8 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     assert meta[ENRICHED_EVENTS]["events_in"].value == len(batch1)
     assert meta[ENRICHED_EVENTS]["dagster/row_count"].value == len(want1["enriched"])
     assert meta[ENRICHMENT_REJECTED]["dagster/row_count"].value == len(want1["rejected"])
+    assert meta[ENRICHED_EVENTS]["state_budget_bytes"].value == 100 * 1024 * 1024
+    assert meta[ENRICHED_EVENTS]["state_over_budget"].value is False
 
     # broadcast side changes: segments v2 (user 1 VIP -> CHURNING, user 5 appears), flag 25%
     segs2 = pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]})
@@ -176,3 +178,49 @@ def test_rewritten_events_table_is_a_clear_error_not_duplicates(spark, lake):
     with pytest.raises(AppendOnlyError, match="append-only"):
         pipeline.run()
     assert delta_io.read(spark, lake.table_path(ENRICHED_EVENTS)).count() < 11
+
+
+def test_state_over_budget_is_a_warning_check_not_a_warning_per_batch(spark, lake):
+    """A run over its state budget: every batch's metadata says so, and the state_budget
+    check WARNs with the numbers and the fix; no Python warning reaches the terminal."""
+    import warnings
+
+    from dagster import AssetCheckSeverity
+
+    from jobs.state_budget import state_budget
+    from lakecast.runtime.metrics import StateBudgetWarning, reset_budget_warnings
+
+    reset_budget_warnings()
+    ml.build(spark, lake)
+    for i in range(3):  # three events versions, one batch each
+        ml.write_events(spark, lake, ml.events(100 * i, 20, seed=i))
+    config = {"ops": {"enrichment_microbatch_assets": {"config": {
+        "state_budget_bytes": 1, "max_versions_per_batch": 1}}}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = materialize(
+            [enrichment_microbatch_assets, state_budget], run_config=config,
+            resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
+        )
+    assert res.success
+    batches = [m.materialization.metadata for m in res.get_asset_materialization_events()
+               if m.asset_key.to_user_string() == ENRICHED_EVENTS]
+    assert len(batches) == 3, batches
+    assert all(b["state_over_budget"].value for b in batches), [
+        {k: b[k].value for k in ("state_bytes_per_task", "parallelism", "state_budget_bytes")}
+        for b in batches]
+    (check,) = res.get_asset_check_evaluations()
+    assert check.check_name == "state_budget" and not check.passed
+    assert check.severity == AssetCheckSeverity.WARN
+    figures = {k: v.value for k, v in check.metadata.items()}
+    assert figures["state_budget_bytes"] == 1 and figures["parallelism"] >= 1
+    assert figures["state_bytes_total"] == figures["state_bytes_per_task"] * figures[
+        "parallelism"] > 1
+    assert figures["batch_id"] == 2
+    assert "exceeds the budget" in check.description and "lower the parallelism" in (
+        check.description)
+    budget_warnings = [str(w.message) for w in caught
+                       if issubclass(w.category, StateBudgetWarning)]
+    # the run leaves the budget to the check: no Python warning at all (the engine alone
+    # warns once per process: tests/lakecast/test_engine_spark.py)
+    assert not budget_warnings, budget_warnings

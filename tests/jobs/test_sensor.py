@@ -6,6 +6,7 @@ import json
 
 import pytest
 from dagster import (
+    AssetKey,
     DagsterInstance,
     DagsterRunStatus,
     SensorResult,
@@ -39,17 +40,23 @@ def test_sensor_requests_one_run_per_new_versions(spark, lake):
         assert isinstance(skip, SkipReason) and "no events table" in skip.skip_message
 
         ml.build(spark, lake)
-        ml.write_events(spark, lake, ml.events(0, 10, seed=1))
+        first_events = ml.events(0, 10, seed=1)
+        ml.write_events(spark, lake, first_events)
         first = _tick(instance, None)
         assert isinstance(first, SensorResult)
         (req,) = first.run_requests
         assert req.tags[EXCLUSIVE_TAG] == enrichment_microbatch.name
         cursor = json.loads(first.cursor)
         assert cursor[EVENTS] == 0 and cursor["user_segments"] == 0
+        # the tick records an observation of the events source asset: data version = v0
+        (seen,) = first.asset_events
+        assert seen.asset_key == AssetKey(EVENTS) and seen.data_version == "0"
+        assert seen.metadata["delta_version"].value == 0
+        assert seen.metadata["dagster/row_count"].value == len(first_events)
         # run_key is stable for the same versions (a re-evaluated tick is deduplicated)
         assert _tick(instance, None).run_requests[0].run_key == req.run_key
 
-        # nothing changed: no run
+        # nothing changed: no run, no observation
         same = _tick(instance, first.cursor)
         assert isinstance(same, SkipReason) and "no new Delta versions" in same.skip_message
 
@@ -60,13 +67,20 @@ def test_sensor_requests_one_run_per_new_versions(spark, lake):
         assert isinstance(second, SensorResult)
         assert second.run_requests[0].run_key != req.run_key
         assert json.loads(second.cursor)["feature_flags"] == cursor["feature_flags"] + 1
+        assert not second.asset_events, "events did not move"
 
         # the events table moves while a run is active: skip, cursor not advanced
         ml.write_events(spark, lake, ml.events(100, 10, seed=2))
         instance.add_run(DagsterRun(job_name=enrichment_microbatch.name,
                                     status=DagsterRunStatus.STARTED))  # fmt: skip
         busy = _tick(instance, second.cursor)
-        assert isinstance(busy, SkipReason) and "still active" in busy.skip_message
+        assert not _runs(busy) and "still active" in _skip(busy)
+        # the cursor stays, but events v1 is observed once (the daemon stores it)
+        (seen,) = busy.asset_events
+        assert seen.data_version == "1"
+        instance.report_runless_asset_event(seen)
+        again = _tick(instance, second.cursor)
+        assert isinstance(again, SkipReason) and "still active" in again.skip_message
 
 
 # --------------------------------------------------------------------------- progress log
@@ -242,6 +256,9 @@ def test_dagster_deduplicates_a_run_key_across_ticks(spark, lake):
         (run,) = instance.get_runs()
         key = run_key_for(watched_versions())
         assert run.tags["dagster/run_key"] == key and run.status == DagsterRunStatus.QUEUED
+        # the daemon stored the tick's observation of events: data version = its Delta version
+        record = instance.get_latest_data_version_record(AssetKey(EVENTS), is_source=True)
+        assert record.asset_observation.data_version == "0"
 
         # the run fails (nothing committed) and the cursor is lost: the sensor requests the
         # same versions again, and Dagster refuses a second run with that run_key

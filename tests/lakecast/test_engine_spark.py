@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import warnings
 
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +24,7 @@ from lakecast import (
 )
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
+from lakecast.runtime.metrics import reset_budget_warnings
 
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
 PRODUCTS = MapStateDescriptor("dim_products", int, dict, key_columns=("product_id",))
@@ -331,6 +333,7 @@ def test_enrichment_policies_on_spark_reconcile(spark, lake, policy):
 
 
 def test_state_budget_warns_and_flags(spark, lake):
+    reset_budget_warnings()
     path = lake.table_path("dim_users")
     _write(spark, pd.DataFrame({"user_id": range(100), "segment": ["VIP"] * 100}), path)
     fn = enrich(Lookup("dim_users", key="user_id", columns=["segment"]))
@@ -342,3 +345,9 @@ def test_state_budget_warns_and_flags(spark, lake):
         m = result.metrics()
     assert m.over_budget and m.state_bytes_total == m.state_bytes_per_task * m.parallelism
     assert m.state_bytes_per_task > 100 and m.summary()["over_budget"] is True
+    # once per process: the next batch over budget is flagged, not warned again
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = result.metrics()
+    assert again.over_budget
+    assert not [w for w in caught if issubclass(w.category, StateBudgetWarning)]

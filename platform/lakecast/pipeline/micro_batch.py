@@ -111,6 +111,8 @@ class BatchResult:
     broadcast_rows: int = 0
     state_bytes_per_task: int = 0
     parallelism: int = 0
+    #: the runtime's budget for state x parallelism (0: the runtime has none)
+    state_budget_bytes: int = 0
     updates_applied: int = 0
     cold_tasks: int = 0
     #: what the runtime's ``after_commit`` hook did (e.g. the checkpoint it took)
@@ -302,6 +304,7 @@ class MicroBatchPipeline:
             broadcast_rows=sum(e.num_rows for e in result.new_elements),
             state_bytes_per_task=metrics.state_bytes_per_task,
             parallelism=metrics.parallelism,
+            state_budget_bytes=metrics.budget_bytes,
             updates_applied=metrics.broadcast_updates_applied,
             cold_tasks=int(summary["cold_tasks"]),
             state_check=state_check,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -53,12 +52,13 @@ from lakecast.runtime.executor import (
     version_json,
 )
 from lakecast.runtime.metrics import (
+    BUDGET_FIX,
     DEFAULT_STATE_BUDGET_BYTES,
     TASK_ROW_SCHEMA,
     RunMetrics,
-    StateBudgetWarning,
     TaskMetrics,
     check_budget,
+    warn_over_budget,
 )
 from lakecast.runtime.tasks import WARM_SCHEMA, ChainLink, TaskPlan, run_task, warm_task
 from lakecast.spark import default_parallelism, is_connect, observed_metrics
@@ -418,11 +418,11 @@ class BroadcastRuntime:
             self._parallelism = default_parallelism(self.spark)
         parallelism = self._parallelism
         if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
-            warnings.warn(
+            warn_over_budget(
+                "estimated broadcast state",
                 f"estimated broadcast state {self.estimated_state_bytes / 1e6:.1f} MB x "
                 f"{parallelism} (default parallelism) exceeds the budget of "
-                f"{self.state_budget_bytes / 1e6:.1f} MB",
-                StateBudgetWarning,
+                f"{self.state_budget_bytes / 1e6:.1f} MB; {BUDGET_FIX}",
                 stacklevel=2,
             )
         spark_schema = from_arrow_schema(task_layout.schema, prefer_timestamp_ntz=False)

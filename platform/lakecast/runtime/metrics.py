@@ -1,8 +1,9 @@
 """Broadcast-state metrics: per task, per run, and the state-size budget.
 
 The seeds' rule: total broadcast memory = state size x parallelism; keep it under
-~100 MB. :func:`check_budget` warns with :class:`StateBudgetWarning` (and
-:attr:`RunMetrics.over_budget` is set) when a run exceeds the configured budget.
+~100 MB. :attr:`RunMetrics.over_budget` is set on every run that exceeds the configured
+budget; :func:`check_budget` also warns with :class:`StateBudgetWarning`, once per process
+(:func:`warn_over_budget`): a pipeline over budget would otherwise warn on every batch.
 """
 
 from __future__ import annotations
@@ -159,17 +160,50 @@ class RunMetrics:
         }
 
 
+BUDGET_FIX = "shrink the state (fewer columns/rows) or lower the parallelism"
+"""What to do about a state over budget (in the warning and wherever it is reported)."""
+
+#: the kinds of over-budget warning this process has already given
+_warned: set[str] = set()
+
+
+def warn_over_budget(kind: str, message: str, stacklevel: int = 3) -> bool:
+    """Warn ``message`` as a :class:`StateBudgetWarning` if no warning of ``kind`` was given
+    in this process yet (the numbers change from batch to batch, so Python's own
+    once-per-location filter would let every batch warn); returns whether it warned."""
+    if kind in _warned:
+        return False
+    _warned.add(kind)
+    warnings.warn(f"{message} (warned once per process)", StateBudgetWarning,
+                  stacklevel=stacklevel + 1)
+    return True
+
+
+def reset_budget_warnings() -> None:
+    """Forget the warnings given: the next run over budget warns again (for tests)."""
+    _warned.clear()
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in MB (one decimal), or in kB below 0.1 MB."""
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def budget_message(state_bytes_per_task: int, parallelism: int, budget_bytes: int,
+                   what: str = "broadcast state") -> str:
+    """State x parallelism against the budget, with the fix."""
+    total = state_bytes_per_task * parallelism
+    return (f"{what}: {format_bytes(state_bytes_per_task)} per task x {parallelism} tasks = "
+            f"{format_bytes(total)} exceeds the budget of {format_bytes(budget_bytes)}; "
+            f"{BUDGET_FIX}")
+
+
 def check_budget(state_bytes_per_task: int, parallelism: int, budget_bytes: int,
                  what: str = "broadcast state") -> bool:
-    """Warn (:class:`StateBudgetWarning`) when state x parallelism exceeds the budget."""
-    total = state_bytes_per_task * parallelism
-    if total > budget_bytes:
-        warnings.warn(
-            f"{what}: {state_bytes_per_task / 1e6:.1f} MB per task x {parallelism} tasks = "
-            f"{total / 1e6:.1f} MB exceeds the budget of {budget_bytes / 1e6:.1f} MB; "
-            "shrink the state (fewer columns/rows) or lower the parallelism",
-            StateBudgetWarning,
-            stacklevel=3,
-        )
+    """Whether state x parallelism exceeds the budget; the first time in a process it
+    does, warn (:class:`StateBudgetWarning`)."""
+    if state_bytes_per_task * parallelism > budget_bytes:
+        warn_over_budget(what, budget_message(state_bytes_per_task, parallelism, budget_bytes,
+                                              what))
         return True
     return False
