@@ -109,10 +109,31 @@ def _expected_features(accepted, users, day: date) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def _add_a_vip(spark, lake) -> int:
+    """Append 5 purchases of 200.00 on the last day by the accepted user who signed up
+    first (a valid product): that user is VIP at the end of the last day whatever the
+    generator drew, so every segment is in the small lake (asserted below). Returns the
+    user's id."""
+    pu = reference.users(_pdf(spark, lake, RAW_USERS))
+    pp = reference.products(_pdf(spark, lake, RAW_PRODUCTS))
+    user = int(pu[pu["reason"].isna()].sort_values(["signup", "user_id"])["user_id"].iloc[0])
+    product = int(pp[pp["reason"].isna()]["product_id"].min())
+    raw = delta_io.read(spark, lake.table_path(EVENTS))
+    first_id = int(_pdf(spark, lake, EVENTS)["event_id"].max()) + 1
+    day = DAYS[-1].isoformat()
+    rows = [{"event_id": first_id + i, "user_id": user, "product_id": product,
+             "event_type": "purchase", "amount": 200.0, "event_time": f"{day} 12:00:0{i}",
+             "device": "web", "ingest_day": day} for i in range(5)]  # fmt: skip
+    frame = spark.createDataFrame([tuple(r[c] for c in raw.columns) for r in rows], raw.schema)
+    delta_io.write(frame, lake.table_path(EVENTS))
+    return user
+
+
 def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_nothing(
     spark, small_lake
 ):
     lake = small_lake
+    vip = _add_a_vip(spark, lake)
     dims = run_assets(DIMS)
     dim_meta = _materializations(dims, DIM_USERS)[0].metadata
     for key in ("dagster/row_count", "dagster/column_schema", "delta_version", "rows_inserted",
@@ -173,7 +194,9 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
     expected = steps[-1][1]
     got = _segments_table(_pdf(spark, lake, USER_SEGMENTS))
     pd.testing.assert_frame_equal(got, expected[SEGMENT_COLUMNS], check_dtype=False)
-    assert set(expected["segment"]) >= {"NEW", "CHURNING", "REGULAR"}
+    # every segment is there (the VIP rule, too, is checked against the reference)
+    assert set(expected["segment"]) == {"VIP", "NEW", "CHURNING", "REGULAR"}
+    assert expected.set_index("user_id").loc[vip, "segment"] == "VIP"
     raw_events = _pdf(spark, lake, EVENTS)
     for day, snapshot, changed in steps:
         key = day.isoformat()
@@ -189,6 +212,7 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
             n_in, n_ok, n_in - n_ok)  # fmt: skip
         assert f["dagster/row_count"] == len(snapshot)
     assert len({m["changed_users"] for m in seg_meta.values()}) > 1, "per day, not totals"
+    assert seg_meta[SMALL.day_keys[-1]]["segment_vip"] >= 1
 
     # ---- quarantine: every bad row with its reason; input = accepted + quarantined per day
     q = _pdf(spark, lake, QUARANTINE)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from dagster import materialize
 
 from assets.resources import LakecastSparkResource, LakeResource
+from jobs.enrichment import StorefrontEnrichment
+from jobs.enrichment_pipeline import ENRICHMENT
 from jobs.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT_REJECTED,
@@ -14,8 +18,10 @@ from jobs.microbatch import (
     build_pipeline,
     enrichment_microbatch_assets,
 )
+from lakecast import BroadcastTestHarness, read_broadcast_elements
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import ReconciliationError
+from lakecast.snapshots.checkpointer import snapshot_path
 from lakecast.tables import USER_SEGMENTS
 from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
@@ -51,6 +57,27 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     assert meta[ENRICHMENT_REJECTED]["dagster/row_count"].value == len(want1["rejected"])
     assert meta[ENRICHED_EVENTS]["state_budget_bytes"].value == 100 * 1024 * 1024
     assert meta[ENRICHED_EVENTS]["state_over_budget"].value is False
+    # the batch's state metadata, each against what it describes
+    m = {k: v.value for k, v in meta[ENRICHED_EVENTS].items()}
+    tables = {t: lake.table_path(t) for t in ENRICHMENT.broadcast_tables}
+    # the state version: the broadcast tables' Delta versions (all at their first one)
+    assert m["state_version"] == {t: delta_io.latest_version(p) for t, p in tables.items()} \
+        == {"dim_products": 0, "user_segments": 0, "feature_flags": 0}
+    # a new pipeline: a cold task applies one full element per table (a task that follows
+    # one in the same Python worker finds the state there and applies nothing)
+    assert 1 <= m["cold_tasks"] <= m["parallelism"]
+    assert m["broadcast_updates_applied"] == len(tables) * m["cold_tasks"]
+    # state bytes per task: the same three versions applied in this process
+    elements = read_broadcast_elements(spark, tables, {})
+    harness = BroadcastTestHarness(StorefrontEnrichment(),
+                                   table_schemas={e.table: e.schema for e in elements})
+    harness.process_broadcast_elements(elements)
+    assert harness.state_version == m["state_version"]
+    assert m["state_bytes_per_task"] == harness.executor.store.nbytes() > 0
+    # the first batch of a pipeline is checkpointed: its bytes are its files' sizes on disk
+    assert m["checkpoint_id"] == 0
+    files = list(Path(snapshot_path(lake, ENRICHMENT.name)).glob("checkpoint_id=0/*.parquet"))
+    assert files and m["checkpoint_stored_bytes"] == sum(f.stat().st_size for f in files)
 
     # broadcast side changes: segments v2 (user 1 VIP -> CHURNING, user 5 appears), flag 25%
     segs2 = pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]})
@@ -175,9 +202,30 @@ def test_rewritten_events_table_is_a_clear_error_not_duplicates(spark, lake):
     assert len(pipeline.run()) == 1
     events = delta_io.read(spark, lake.table_path(EVENTS))
     delta_io.write(events, lake.table_path(EVENTS), mode="overwrite")  # a rewrite, not an append
-    with pytest.raises(AppendOnlyError, match="append-only"):
-        pipeline.run()
-    assert delta_io.read(spark, lake.table_path(ENRICHED_EVENTS)).count() < 11
+    for _ in range(2):  # the error, and again on a retry: nothing is written either time
+        with pytest.raises(AppendOnlyError, match="append-only"):
+            pipeline.run()
+    # the outputs are exactly batch 0's: the rewritten rows are in no output a second time
+    want = ml.expected(ml.events(0, 10, seed=8), ml.segments_v1(), 10.0)
+    enriched = _read(spark, lake, ENRICHED_EVENTS)
+    assert enriched.event_id.is_unique
+    v0 = {"dim_products": 0, "feature_flags": 0, "user_segments": 0}
+    assert all(ml.versions(v) == v0 for v in enriched["_state_version"])
+    _check(enriched, want["enriched"], ["event_id", "user_id", "product_category",
+                                        "product_price", "segment", "vip_discount_pct"])
+    assert want["unmatched"].empty  # (no unknown product in these events)
+    unmatched = (_read(spark, lake, ENRICHMENT_UNMATCHED)
+                 if delta_io.latest_version(lake.table_path(ENRICHMENT_UNMATCHED)) is not None
+                 else want["unmatched"])
+    assert unmatched.empty
+    rejected = _read(spark, lake, ENRICHMENT_REJECTED)
+    got_rej = rejected.assign(event_id=rejected.raw_record.map(
+        lambda s: pd.read_json(__import__("io").StringIO(f"[{s}]")).event_id[0]))
+    key = ["event_id", "reason"]
+    pd.testing.assert_frame_equal(got_rej[key].sort_values(key).reset_index(drop=True),
+                                  want["rejected"][key].sort_values(key).reset_index(drop=True),
+                                  check_dtype=False)
+    assert len(enriched) + len(unmatched) + len(got_rej) == 11
 
 
 def test_state_over_budget_is_a_warning_check_not_a_warning_per_batch(spark, lake):

@@ -15,12 +15,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from jobs.batch_metadata import result_metadata
+from jobs.enrichment import StorefrontEnrichment
+from jobs.enrichment_pipeline import ENRICHMENT
 from jobs.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     build_pipeline,
 )
+from lakecast import BroadcastTestHarness, read_broadcast_elements
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.snapshots.checkpointer import snapshot_path
@@ -61,6 +65,43 @@ def _outputs(spark, lake) -> dict[str, pd.DataFrame]:
     return out
 
 
+def _check_metadata(spark, lake, r, *, parallelism: int, applied_per_task: int,
+                    from_tables: bool = True) -> None:
+    """The Dagster metadata of batch result ``r`` (what the micro-batch job records for
+    each output, :func:`jobs.batch_metadata.result_metadata`), each figure against what
+    it describes: the configured parallelism, the tables' Delta versions, the elements
+    a cold task has to apply, the state built in this process from the same versions
+    (``from_tables``: the tasks built theirs from the tables too), and the checkpoint's
+    files on disk."""
+    tables = {t: lake.table_path(t) for t in ENRICHMENT.broadcast_tables}
+    versions = {t: delta_io.latest_version(p) for t, p in tables.items()}
+    elements = read_broadcast_elements(spark, tables, {}, versions)
+    harness = BroadcastTestHarness(StorefrontEnrichment(),
+                                   table_schemas={e.table: e.schema for e in elements})
+    harness.process_broadcast_elements(elements)
+    assert harness.state_version == versions
+    cid = r.checkpoint["checkpoint_id"]
+    files = list((Path(snapshot_path(lake, ENRICHMENT.name)) / f"checkpoint_id={cid}"
+                  ).glob("*.parquet"))
+    assert files
+    metas = result_metadata(lake, r)
+    assert set(metas) == set(OUTPUTS)
+    for asset, meta in metas.items():
+        m = {k: getattr(v, "value", v) for k, v in meta.items()}
+        assert m["parallelism"] == parallelism, asset
+        assert m["state_version"] == versions, asset
+        # a cold task applies the whole chain; a task that follows one in the same Python
+        # worker (Spark's choice) finds the state there and applies nothing
+        assert 1 <= m["cold_tasks"] <= parallelism, asset
+        assert m["broadcast_updates_applied"] == m["cold_tasks"] * applied_per_task, asset
+        if from_tables:  # the same elements applied the same way: the same Arrow state
+            assert m["state_bytes_per_task"] == harness.executor.store.nbytes() > 0, asset
+        else:  # restored (Arrow IPC) + changes: same content, other buffers; not 0
+            assert m["state_bytes_per_task"] > 0, asset
+        assert m["checkpoint_id"] == cid, asset
+        assert m["checkpoint_stored_bytes"] == sum(f.stat().st_size for f in files), asset
+
+
 def _assert_same(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
     for t in OUTPUTS:
         pd.testing.assert_frame_equal(a[t], b[t], check_dtype=False)
@@ -81,7 +122,10 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     _inputs(spark, lake_b, 0)
     assert [r.plan.batch_id for r in run_a.run()] == [0]
     b2 = build_pipeline(spark, lake_b, 1, parallelism=2, checkpoint_every=1, function_id="snap-b2")
-    assert [r.plan.batch_id for r in b2.run()] == [0]
+    (r0,) = b2.run()
+    assert r0.plan.batch_id == 0
+    # cold from the tables: each task applies one full element per table
+    _check_metadata(spark, lake_b, r0, parallelism=2, applied_per_task=3)
     (h0,) = store.headers()
     assert (h0.checkpoint_id, h0.batch_id, h0.events_end, h0.parallelism) == (0, 0, 0, 2)
     assert h0.state_version == {"dim_products": 0, "feature_flags": 0, "user_segments": 0}
@@ -113,6 +157,12 @@ def test_rescale_2_4_1_failure_and_rewind_equal_a_run_that_never_rescales(
     assert rt4.restored.assignment == {0: 0, 1: 1, 2: 0, 3: 1}  # new i reads old i mod 2
     h1 = store.header(1)
     assert h1.parallelism == 4 and h1.state_version["user_segments"] == 1
+    # cold from checkpoint 0: each task applies one restored element per table, then the
+    # versions committed since (user_segments 0 -> 1, feature_flags 0 -> 1)
+    since = sum(v - h0.state_version[t] for t, v in h1.state_version.items())
+    assert since == 2
+    _check_metadata(spark, lake_b, r1, parallelism=4, applied_per_task=3 + since,
+                    from_tables=False)
 
     # step 2 -- restart at p=1 whose batch 2 fails; the next restart redoes it
     _inputs(spark, lake_a, 2)

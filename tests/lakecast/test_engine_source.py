@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakecast import BroadcastTestHarness, Lookup, enrich, read_broadcast_elements
-from lakecast.api.element import order_elements
+from lakecast.api.element import BroadcastElement, order_elements
 from lakecast.delta import io as delta_io
 from lakecast.delta.source import CdfUnavailable
 
@@ -90,14 +90,30 @@ def test_order_across_tables_is_commit_timestamp_then_name(spark, lake):
     a, b = lake.table_path("b_table"), lake.table_path("a_table")
     delta_io.write(_users(spark, 2), a, mode="overwrite")
     delta_io.write(_users(spark, 2), b, mode="overwrite")
-    delta_io.write(_users(spark, 1), a)
+    for _ in range(3):
+        delta_io.write(_users(spark, 1), a)  # b: versions 1, 2, 3
     els = read_broadcast_elements(spark, {"b": a, "a": b}, {"a": None, "b": 0})
-    assert sorted((e.table, e.version) for e in els) == [("a", 0), ("b", 1)]
+    assert sorted((e.table, e.version) for e in els) == [("a", 0), ("b", 1), ("b", 2), ("b", 3)]
     ts = [e.order_key() for e in els]
     assert ts == sorted(ts)
-    # a table's own commit order wins over skewed clocks
-    skewed = [els[0].__class__(e.table, e.version, 10 - e.version, e.kind, e.rows) for e in els]
-    assert [e.version for e in order_elements(skewed) if e.table == "b"] == [1]
+
+    def at(clock: dict[tuple[str, int], int]) -> list[tuple[str, int]]:
+        """The order of ``els`` with the commit timestamps ``clock`` (shuffled input)."""
+        skewed = [BroadcastElement(e.table, e.version, clock[e.table, e.version], e.kind, e.rows)
+                  for e in els]
+        return [(e.table, e.version) for e in order_elements(reversed(skewed))]
+
+    # clocks in order: the timestamp orders across tables, the name breaks a tie
+    assert at({("b", 1): 10, ("b", 2): 20, ("b", 3): 30, ("a", 0): 25}) == [
+        ("b", 1), ("b", 2), ("a", 0), ("b", 3)]
+    assert at({("b", 1): 10, ("b", 2): 20, ("b", 3): 30, ("a", 0): 20}) == [
+        ("b", 1), ("a", 0), ("b", 2), ("b", 3)]
+    # a table's own commit order wins over skewed clocks: b's clock runs backwards, so its
+    # later versions keep the latest timestamp seen before them (30) and stay in order
+    assert at({("b", 1): 30, ("b", 2): 20, ("b", 3): 10, ("a", 0): 25}) == [
+        ("a", 0), ("b", 1), ("b", 2), ("b", 3)]
+    assert at({("b", 1): 10, ("b", 2): 40, ("b", 3): 5, ("a", 0): 25}) == [
+        ("b", 1), ("a", 0), ("b", 2), ("b", 3)]
 
 
 def test_missing_table_is_skipped_until_it_exists(spark, lake):
