@@ -52,11 +52,7 @@ from lakecast.api.read_only import ReadOnlyBroadcastState
 from lakecast.api.state import BroadcastState, DictMapState
 from lakecast.api.table_state import TableMapState
 from lakecast.delta.source import read_broadcast_elements
-from lakecast.runtime.broadcast import (
-    BroadcastResult,
-    BroadcastRuntime,
-    process_with_broadcast_state,
-)
+from lakecast.runtime.broadcast import BroadcastRuntime, process_with_broadcast_state
 from lakecast.runtime.harness import BroadcastTestHarness
 from lakecast.runtime.keyed_harness import KeyedBroadcastTestHarness
 from lakecast.runtime.metrics import (
@@ -65,6 +61,7 @@ from lakecast.runtime.metrics import (
     StateBudgetWarning,
     TaskMetrics,
 )
+from lakecast.runtime.result import BroadcastResult
 
 __version__ = "0.1.0"
 

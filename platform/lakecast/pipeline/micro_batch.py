@@ -45,7 +45,7 @@ from lakecast.pipeline.dedup import EARLIER_BATCH, DedupLookup, DedupSpec, Prior
 from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
 from lakecast.pipeline.events import read_new_events
 from lakecast.pipeline.faults import crash_point
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog, bounded_versions
 from lakecast.pipeline.rewind import finish_rewind
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ class MicroBatchPipeline:
         events_end, bvs = self.current_versions()
         start = last.events_end if last else -1
         if until is not None:
-            events_end, bvs = _bounded(events_end, bvs, until, self.spec.events_table,
+            events_end, bvs = bounded_versions(events_end, bvs, until, self.spec.events_table,
                                        last.broadcast_versions if last else {})
         if events_end is None or events_end <= start:
             return None, False
@@ -484,19 +484,3 @@ class MicroBatchPipeline:
                 on_batch(result)
         return results
 
-
-def _bounded(events_end: int | None, bvs: dict[str, int], until: Mapping[str, int | None],
-             events_table: str, applied: Mapping[str, int]
-             ) -> tuple[int | None, dict[str, int]]:
-    """``events_end`` and ``bvs`` capped at ``until`` (broadcast tables: never behind
-    ``applied``; a table ``until`` does not name, or names as ``None``, is not capped)."""
-    cap = until.get(events_table)
-    if events_end is not None and cap is not None:
-        events_end = min(events_end, cap)
-    out = {}
-    for table, version in bvs.items():
-        limit = until.get(table)
-        if limit is not None:
-            version = max(min(version, limit), applied.get(table, -1))
-        out[table] = version
-    return events_end, out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -259,3 +260,20 @@ def read_position(path: str) -> tuple[BatchPlan | None, BatchPlan | None, BatchC
     """:meth:`ProgressLog.position` of the log at ``path``, read without Spark (for sensors,
     see :func:`read_log`). ``(None, None, None)`` if there is no log."""
     return ProgressLog.position_of(*read_log(path))
+
+
+def bounded_versions(events_end: int | None, bvs: dict[str, int],
+                     until: Mapping[str, int | None], events_table: str,
+                     applied: Mapping[str, int]) -> tuple[int | None, dict[str, int]]:
+    """``events_end`` and ``bvs`` capped at ``until`` (broadcast tables: never behind
+    ``applied``; a table ``until`` does not name, or names as ``None``, is not capped)."""
+    cap = until.get(events_table)
+    if events_end is not None and cap is not None:
+        events_end = min(events_end, cap)
+    out = {}
+    for table, version in bvs.items():
+        limit = until.get(table)
+        if limit is not None:
+            version = max(min(version, limit), applied.get(table, -1))
+        out[table] = version
+    return events_end, out

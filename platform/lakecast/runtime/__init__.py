@@ -6,6 +6,7 @@ runtimes that implement :class:`lakecast.pipeline.contract.BatchRuntime`.
 - :mod:`~lakecast.runtime.harness`         in-memory test harness (no Spark)
 - :mod:`~lakecast.runtime.tasks`           what a Spark task runs (worker cache, accounting)
 - :mod:`~lakecast.runtime.broadcast`       BroadcastRuntime: task-local state on Spark
+- :mod:`~lakecast.runtime.result`          BroadcastResult: the views and accounting of one run
 - :mod:`~lakecast.runtime.metrics`         task/run metrics, the state budget
 - :mod:`~lakecast.runtime.keyed_backend`   keyed state of one task and its primitives
 - :mod:`~lakecast.runtime.keyed_executor`  Spark-free keyed core; ``keyed_harness`` its harness
@@ -13,11 +14,7 @@ runtimes that implement :class:`lakecast.pipeline.contract.BatchRuntime`.
 - :mod:`~lakecast.runtime.keyed`           KeyedBroadcastRuntime: keyed state in Delta
 """
 
-from lakecast.runtime.broadcast import (
-    BroadcastResult,
-    BroadcastRuntime,
-    process_with_broadcast_state,
-)
+from lakecast.runtime.broadcast import BroadcastRuntime, process_with_broadcast_state
 from lakecast.runtime.harness import BroadcastTestHarness
 from lakecast.runtime.keyed import KeyedBroadcastRuntime, KeyedResult
 from lakecast.runtime.keyed_harness import KeyedBroadcastTestHarness
@@ -27,6 +24,7 @@ from lakecast.runtime.metrics import (
     StateBudgetWarning,
     TaskMetrics,
 )
+from lakecast.runtime.result import BroadcastResult
 
 __all__ = [
     "DEFAULT_STATE_BUDGET_BYTES", "BroadcastResult", "BroadcastRuntime",

@@ -1,6 +1,6 @@
 """A batch's one-pass output brought to the driver as Arrow, split by output.
 
-:meth:`lakecast.runtime.broadcast.BroadcastResult.collect` runs the batch's one Spark job
+:meth:`lakecast.runtime.result.BroadcastResult.collect` runs the batch's one Spark job
 and hands the rows here: the main output (rows without an output tag), each side output
 (its struct column, flattened) and the tasks' accounting rows — so the pipeline counts,
 reconciles and writes small batches without another Spark job.

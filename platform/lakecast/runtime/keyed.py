@@ -44,7 +44,7 @@ import pyarrow as pa
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.api.keyed_state import check_schema, schema_json
 from lakecast.delta.source import latest_versions, read_broadcast_elements
-from lakecast.runtime.broadcast import BroadcastResult, BroadcastRuntime
+from lakecast.runtime.broadcast import BroadcastRuntime
 from lakecast.runtime.executor import OutputLayout, version_json
 from lakecast.runtime.keyed_executor import (
     keyed_descriptors,
@@ -73,6 +73,7 @@ from lakecast.runtime.metrics import (
     TaskMetrics,
     check_budget,
 )
+from lakecast.runtime.result import BroadcastResult
 from lakecast.runtime.tasks import ChainLink, TaskPlan
 from lakecast.spark import default_parallelism
 
@@ -88,7 +89,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class KeyedResult(BroadcastResult):
     """The one-pass output of a keyed batch: main/side outputs as in
-    :class:`~lakecast.runtime.broadcast.BroadcastResult`, plus the changed keyed state rows
+    :class:`~lakecast.runtime.result.BroadcastResult`, plus the changed keyed state rows
     (:attr:`state_changes`) and one accounting row per task (:attr:`tasks`)."""
 
     batch_id: int = -1
