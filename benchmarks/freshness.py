@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchmarks.common import dagster_home, save_result
 from benchmarks.sensor_freshness import bench_env, build_lake
 from jobs.ui import READY
 from lakecast.config import PROJECT_ROOT, get_settings
@@ -45,7 +46,6 @@ from lakecast.config import PROJECT_ROOT, get_settings
 if TYPE_CHECKING:
     from lakecast.server import Server
 
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 MODES = ("sensor", "continuous", "streaming")
 SINK = "ss_enriched_events"
 
@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = Path(args.root) / "base"
     shutil.rmtree(Path(args.root), ignore_errors=True)
-    (base / "dagster_home").mkdir(parents=True)
-    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
-                base / "dagster_home" / "dagster.yaml")
+    dagster_home(base)
     with project_server() as server:
         return _run(args, base, server)
 
@@ -287,8 +285,7 @@ def _run(args: argparse.Namespace, base: Path, server: Server) -> int:
                                                            / ref["p50_s"], 2)
             result[mode]["max_ratio_to_streaming"] = round(result[mode]["max_s"]
                                                            / ref["max_s"], 2)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "freshness.json").write_text(json.dumps(result, indent=2))
+    save_result("freshness", result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -54,7 +54,7 @@ ENRICH_COLUMNS = ["product_category", "product_price", "segment", "vip_discount_
 
 def _set_env(root: Path) -> None:
     """This process's lake under ``root``, Spark in-process (no Spark Connect)."""
-    from lakecast.config import PROJECT_ROOT
+    from benchmarks.common import dagster_home
 
     for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
         os.environ.pop(key, None)
@@ -64,9 +64,7 @@ def _set_env(root: Path) -> None:
         "DAGSTER_HOME": str(root / "dagster_home"),
         "LAKECAST_SPARK_REMOTE": "",
     })  # fmt: skip
-    (root / "dagster_home").mkdir(parents=True, exist_ok=True)
-    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
-                root / "dagster_home" / "dagster.yaml")
+    dagster_home(root, clean=False)
 
 
 def _stats(xs: list[float]) -> dict[str, float | None]:

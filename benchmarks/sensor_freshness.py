@@ -26,7 +26,6 @@ import argparse
 import itertools
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -34,9 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import dagster_home, save_result
 from lakecast.config import PROJECT_ROOT, get_settings
-
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 
 
 def bench_env(root: Path, url: str, interval: int) -> dict[str, str]:
@@ -137,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from lakecast.server import ensure_server
 
     root = Path(args.root)
-    shutil.rmtree(root, ignore_errors=True)
-    (root / "dagster_home").mkdir(parents=True)
-    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
-                root / "dagster_home" / "dagster.yaml")
+    dagster_home(root)
     server = ensure_server()
     env = bench_env(root, server.url, args.interval)
     os.environ.update(env)
@@ -207,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "noop_run_seconds": [round(r["seconds"], 2) for r in noop],
         "runs": runs,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sensor_freshness.json").write_text(json.dumps(result, indent=2))
+    save_result("sensor_freshness", result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
     print(f"{'run':10} {'status':9} {'seconds':>8} {'gap':>6} {'cold':>5}")
     for r in runs:

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -35,11 +34,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import dagster_home, save_result
 from benchmarks.freshness import consumer_ready, project_server, start_consumer, stop_group
 from benchmarks.sensor_freshness import bench_env, build_lake
 from lakecast.config import PROJECT_ROOT, get_settings
 
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 SLACK_S = 60.0  # one batch past a run's max_seconds
 SAMPLE_S = 20.0  # RSS sampling period
 KILL_RETRY_S = 20.0
@@ -175,10 +174,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     from lakecast.tools import flags, producer
 
     root = Path(args.root)
-    shutil.rmtree(root, ignore_errors=True)
-    (root / "dagster_home").mkdir(parents=True)
-    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
-                root / "dagster_home" / "dagster.yaml")
+    dagster_home(root)
     env = bench_env(root, server.url, args.interval)
     os.environ.update(env)
     settings = get_settings()
@@ -354,8 +350,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     result = {"args": vars(args), "runs_summary": summary, "batches_committed": len(committed),
               "materializations": mats, "counts": counts, "memory": memory,
               "targets": targets, "runs": runs, **rec}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(result, indent=2, default=str))
+    save_result("soak", result)
     print(f"{'run':10} {'status':9} {'seconds':>8} {'bound':>6} killed")
     for r in runs:
         print(f"{r['run_id'][:8]:10} {r['status']:9} {r['seconds'] or 0:8.1f} "

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -32,11 +31,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import dagster_home, save_result
 from benchmarks.freshness import consumer_ready, project_server, start_consumer, stop_group
 from benchmarks.sensor_freshness import bench_env, build_lake
 from lakecast.config import PROJECT_ROOT
 
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 WARNING = re.compile(r"warn", re.IGNORECASE)
 LAST_RUN_WAIT_S = 120.0
 
@@ -136,18 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "ui_log_noise"))
     args = parser.parse_args(argv)
     root = Path(args.root)
-    shutil.rmtree(root, ignore_errors=True)
-    (root / "dagster_home").mkdir(parents=True)
-    shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml",
-                root / "dagster_home" / "dagster.yaml")
+    dagster_home(root)
     with project_server() as server:
         result = _run(args, root, server.url)
     result["lines_per_minute"] = round(result["lines"] / args.minutes, 2)
     # the target is for 20 minutes (start-up lines included); a shorter run only reports
     result["target_met"] = (result["lines"] < 60 and not result["warning_lines"]
                             if args.minutes >= 20 else None)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ui_log_noise.json").write_text(json.dumps(result, indent=2))
+    save_result("ui_log_noise", result)
     print(json.dumps(result, indent=2))
     return 0
 
