@@ -178,3 +178,11 @@ def run_microbatch(crash_at: str | None = None, *args: str) -> int:
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(out)
     return proc.returncode
+
+
+def skip_message(result) -> str:
+    """The skip message of a sensor tick (a SkipReason, or a SensorResult without runs)."""
+    from dagster import SkipReason
+
+    reason = result if isinstance(result, SkipReason) else result.skip_reason
+    return reason.skip_message if reason is not None else ""

@@ -25,8 +25,11 @@ from tests.jobs.test_runs_that_end import _assert_exact
 
 pytestmark = [pytest.mark.connect]
 
+#: the run's INFO lines on its terminal (the job's default prints only warnings): the test
+#: waits for the run's "watching" line
 CONFIG = {"ops": {"enrichment_continuous_loop": {"config": {"max_seconds": 240,
-                                                             "poll_seconds": 0.1}}}}
+                                                             "poll_seconds": 0.1}}},
+          "loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
 def _start(env: dict[str, str], log_file, tmp_path) -> subprocess.Popen:

@@ -74,7 +74,7 @@ def test_sensor_requests_one_run_per_new_versions(spark, lake):
         instance.add_run(DagsterRun(job_name=enrichment_microbatch.name,
                                     status=DagsterRunStatus.STARTED))  # fmt: skip
         busy = _tick(instance, second.cursor)
-        assert not _runs(busy) and "still active" in _skip(busy)
+        assert not _runs(busy) and "still active" in ml.skip_message(busy)
         # the cursor stays, but events v1 is observed once (the daemon stores it)
         (seen,) = busy.asset_events
         assert seen.data_version == "1"
@@ -110,12 +110,6 @@ def _runs(result):
     return result.run_requests if isinstance(result, SensorResult) else []
 
 
-def _skip(result) -> str:
-    """The skip message of a tick (a SkipReason, or a SensorResult without runs)."""
-    reason = result if isinstance(result, SkipReason) else result.skip_reason
-    return reason.skip_message if reason is not None else ""
-
-
 def test_first_tick_reads_the_progress_log_and_runs_only_for_work(spark, lake):
     ml.build(spark, lake)
     ml.write_events(spark, lake, ml.events(0, 10, seed=1))  # events v0
@@ -127,14 +121,14 @@ def test_first_tick_reads_the_progress_log_and_runs_only_for_work(spark, lake):
         _commit_batch(spark, lake, 0, -1, 0)
         idle = _tick(instance, None)
         assert isinstance(idle, SensorResult) and not idle.run_requests
-        assert "no work" in _skip(idle)
+        assert "no work" in ml.skip_message(idle)
         assert json.loads(idle.cursor) == watched_versions()
-        assert "no new Delta versions" in _skip(_tick(instance, idle.cursor))
+        assert "no new Delta versions" in ml.skip_message(_tick(instance, idle.cursor))
 
         # only a broadcast table moved: no new events, so no batch to run
         flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "30")
         bc = _tick(instance, idle.cursor)
-        assert not _runs(bc) and "no work" in _skip(bc)
+        assert not _runs(bc) and "no work" in ml.skip_message(bc)
         flags_v = json.loads(idle.cursor)["feature_flags"]
         assert json.loads(bc.cursor)["feature_flags"] == flags_v + 1
 
@@ -157,7 +151,7 @@ def test_first_tick_reads_the_progress_log_and_runs_only_for_work(spark, lake):
         assert json.loads(redo.tags["lakecast/versions"]) == versions
         run = DagsterRun(job_name=enrichment_microbatch.name, status=DagsterRunStatus.STARTED)
         instance.add_run(run)
-        assert "no new Delta versions" in _skip(_tick(instance, json.dumps(versions)))
+        assert "no new Delta versions" in ml.skip_message(_tick(instance, json.dumps(versions)))
         instance.delete_run(run.run_id)
         _log(spark, lake).write_commit(BatchCommit(1, {"events_in": 1}))
         assert not _runs(_tick(instance, None))
@@ -187,7 +181,7 @@ def test_any_cursor_recovers_from_the_progress_log(spark, lake, cursor):
         (req,) = _runs(result)  # never "no change" forever: the run is requested
         assert req.run_key == run_key_for(versions)
         assert json.loads(result.cursor) == versions  # and the cursor is valid again
-        assert "no new Delta versions" in _skip(_tick(instance, result.cursor))
+        assert "no new Delta versions" in ml.skip_message(_tick(instance, result.cursor))
 
         # the same bad cursor when the progress log says everything is done: no run
         _commit_batch(spark, lake, 1, 0, 1)

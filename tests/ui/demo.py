@@ -142,6 +142,12 @@ def webserver(log: Path) -> Iterator[Webserver]:
     """``dagster-webserver`` for ``workspace.yaml`` on a free port of 127.0.0.1, started at
     once (it loads the code location while the caller builds the lake); stopped, with its
     whole process group, at the end."""
+    from dagster import DagsterInstance
+
+    # the instance's storage is created here, once: the webserver and the backfill CLI
+    # creating the same SQLite schema at once race (alembic: "more than one head")
+    with DagsterInstance.get():
+        pass
     port = _free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen(
