@@ -15,7 +15,8 @@ export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
 # empty for Spark inside each process: `make demo LAKECAST_SPARK_REMOTE=`.
 LAKECAST_SPARK_REMOTE ?= server
 
-.PHONY: setup browser demo test lint ui bench clean clean-lake lock server-start server-stop server-status
+.PHONY: setup browser demo test lint ui bench clean clean-lake lock server-start server-stop \
+	server-status postgres prod-up prod-down prod-status
 
 setup: $(DEPS) $(JARS)
 
@@ -38,10 +39,23 @@ browser:
 	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "could not install chromium: tests/ui will be skipped"
 
+# PostgreSQL server binaries from Debian's packages, for the production Dagster stack
+# (deploy/prod_stack.py) and its test; installed once (no cluster of the package's own:
+# the stack runs its server from its own data folder under var/).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "==> installing PostgreSQL (apt-get install -y postgresql)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO mkdir -p /etc/postgresql-common/createcluster.d && \
+	  echo "create_main_cluster = false" | \
+	    $$SUDO tee /etc/postgresql-common/createcluster.d/lakecast.conf >/dev/null && \
+	  $$SUDO apt-get update -q && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+
 demo: setup
 	@LAKECAST_SPARK_REMOTE=$(LAKECAST_SPARK_REMOTE) $(PY) -m jobs.demo
 
-test: setup browser
+test: setup browser postgres
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/pytest -q
 
@@ -62,6 +76,16 @@ server-stop:
 
 server-status:
 	@$(VENV)/bin/lakecast server status
+
+# the production Dagster stack: PostgreSQL + dagster-daemon + dagster-webserver (deploy/README.md)
+prod-up: setup postgres
+	@$(PY) -m deploy.prod_stack up
+
+prod-down:
+	@$(PY) -m deploy.prod_stack down
+
+prod-status:
+	@$(PY) -m deploy.prod_stack status
 
 bench: setup
 	@$(PY) -m benchmarks.broadcast_enrichment

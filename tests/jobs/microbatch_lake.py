@@ -148,6 +148,22 @@ def expected_batches(batches: list[pd.DataFrame], segs: pd.DataFrame, vip_pct: f
     return merged
 
 
+def assert_exact(spark, lake, frames: list[pd.DataFrame]) -> None:
+    """The pipeline's outputs in ``lake`` hold every event of ``frames`` once, as
+    :func:`expected` says (segments v1, vip_discount 10%)."""
+    from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED
+
+    want = expected(pd.concat(frames, ignore_index=True), segments_v1(), 10.0)
+    got = {t: delta_io.read(spark, lake.table_path(t)).toPandas()
+           for t in (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)}
+    cols = ["event_id", "user_id", "product_category", "segment", "vip_discount_pct"]
+    g = got[ENRICHED_EVENTS][cols].sort_values("event_id").reset_index(drop=True)
+    w = want["enriched"][cols].sort_values("event_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(g, w, check_dtype=False)
+    assert sorted(got[ENRICHMENT_UNMATCHED].event_id) == sorted(want["unmatched"].event_id)
+    assert sorted(got[ENRICHMENT_REJECTED].reason) == sorted(want["rejected"].reason)
+
+
 def versions(value: str) -> dict[str, int]:
     return json.loads(value)
 

@@ -21,7 +21,6 @@ from lakecast.config import PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from tests.jobs import microbatch_lake as ml
-from tests.jobs.test_runs_that_end import _assert_exact
 
 pytestmark = [pytest.mark.connect]
 
@@ -95,7 +94,7 @@ def test_terminate_and_kill_mid_batch_keep_outputs_exactly_once(
     instance = DagsterInstance.get()
     (run1,) = instance.get_runs()
     assert run1.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE)
-    _assert_exact(spark, lake, frames[:2])
+    ml.assert_exact(spark, lake, frames[:2])
 
     # 2. kill -9 mid-batch: the batch stays planned, uncommitted
     out2 = tmp_path / "run2.log"
@@ -123,4 +122,4 @@ def test_terminate_and_kill_mid_batch_keep_outputs_exactly_once(
         (killed.events_start, killed.events_end)}
     got = delta_io.read(spark, lake.table_path(ENRICHED_EVENTS)).toPandas()
     assert got.event_id.is_unique
-    _assert_exact(spark, lake, frames)
+    ml.assert_exact(spark, lake, frames)

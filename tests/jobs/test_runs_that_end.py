@@ -46,18 +46,6 @@ def _versions(lake, events: int) -> str:
     return json.dumps({**vs, EVENTS: events}, sort_keys=True)
 
 
-def _assert_exact(spark, lake, frames: list[pd.DataFrame]) -> None:
-    """The outputs hold every event of ``frames`` once, as the pandas reference says."""
-    want = ml.expected(pd.concat(frames, ignore_index=True), ml.segments_v1(), 10.0)
-    got = {t: delta_io.read(spark, lake.table_path(t)).toPandas() for t in OUTPUTS}
-    cols = ["event_id", "user_id", "product_category", "segment", "vip_discount_pct"]
-    g = got[ENRICHED_EVENTS][cols].sort_values("event_id").reset_index(drop=True)
-    w = want["enriched"][cols].sort_values("event_id").reset_index(drop=True)
-    pd.testing.assert_frame_equal(g, w, check_dtype=False)
-    assert sorted(got[ENRICHMENT_UNMATCHED].event_id) == sorted(want["unmatched"].event_id)
-    assert sorted(got[ENRICHMENT_REJECTED].reason) == sorted(want["rejected"].reason)
-
-
 def _batch_materializations(instance, asset: str) -> list[dict]:
     records = instance.fetch_materializations(AssetKey(asset), limit=100).records
     metas = [{k: v.value for k, v in r.asset_materialization.metadata.items()}
@@ -85,7 +73,7 @@ def test_a_run_ends_at_its_versions_and_records_each_batch(spark, lake):
                               "max_versions_per_batch": 1}}}})
         assert res.success
         assert _committed(lake) == [0, 1]
-        _assert_exact(spark, lake, frames[:2])
+        ml.assert_exact(spark, lake, frames[:2])
 
         # one materialization per committed batch and output, while the run went on
         for asset, count_key in OUTPUTS.items():
@@ -137,7 +125,7 @@ def test_a_run_ends_at_its_versions_and_records_each_batch(spark, lake):
                           instance=instance, run_config={"ops": {
                               "enrichment_microbatch_assets": {"config": {"follow": True}}}})
         assert res.success
-        _assert_exact(spark, lake, [frames[0], frames[1], frames[2], *produced])
+        ml.assert_exact(spark, lake, [frames[0], frames[1], frames[2], *produced])
         ids = [m["batch_id"] for m in _batch_materializations(instance, ENRICHED_EVENTS)]
         assert ids == _committed(lake)  # every committed batch, once
 
@@ -183,7 +171,7 @@ def test_continuous_enriches_each_commit_and_stops_when_terminated(spark, lake):
         assert not getattr(tick, "run_requests", None)
         message = ml.skip_message(tick)
         assert CONTINUOUS_JOB in message and "still active" in message
-        _assert_exact(spark, lake, frames)
+        ml.assert_exact(spark, lake, frames)
         committed = _committed(lake)
         assert len(committed) >= 2  # the later commits were batches of their own
         for asset in OUTPUTS:
