@@ -16,7 +16,8 @@ export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
 LAKECAST_SPARK_REMOTE ?= server
 
 .PHONY: setup browser demo test lint ui bench clean clean-lake lock server-start server-stop \
-	server-status postgres prod-up prod-down prod-status
+	server-status postgres prod-up prod-down prod-status cluster-up cluster-down cluster-status \
+	bench-cluster
 
 setup: $(DEPS) $(JARS)
 
@@ -86,6 +87,20 @@ prod-down:
 
 prod-status:
 	@$(PY) -m deploy.prod_stack status
+
+# A local Spark standalone cluster (master + 2 workers on 127.0.0.1, logs in var/cluster/)
+# whose driver is the Lakecast Spark server; `make demo` and `make ui` then run on it.
+cluster-up: setup
+	@$(VENV)/bin/lakecast cluster up
+
+cluster-down:
+	@$(VENV)/bin/lakecast cluster down
+
+cluster-status:
+	@$(VENV)/bin/lakecast cluster status
+
+bench-cluster: setup
+	@$(PY) -m benchmarks.cluster
 
 bench: setup
 	@$(PY) -m benchmarks.broadcast_enrichment

@@ -90,6 +90,7 @@ def result_metadata(settings: Settings, result: BatchResult) -> dict[str, dict[s
         "redone": result.redone,
         "cold_tasks": result.cold_tasks,
         "parallelism": result.parallelism,
+        "executors": MetadataValue.json(list(result.executors)),
         "state_bytes_per_task": result.state_bytes_per_task,
         **state_budget_metadata(result),
         "broadcast_updates_applied": result.updates_applied,

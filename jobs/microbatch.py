@@ -91,6 +91,9 @@ class MicroBatchRunConfig(Config):
     max_versions_per_batch: int | None = Field(
         default=None, description="Events versions one batch reads at most (default: all "
         "the run processes, in one batch).")
+    parallelism: int | None = Field(
+        default=None, description="Tasks per batch (events are repartitioned; default: as "
+        "read). On a cluster, the executors' cores spread the state over every executor.")
     checkpoint_every: int = Field(
         default=DEFAULT_CHECKPOINT_EVERY, description="Checkpoint the broadcast state every "
         "N batches (counted across runs; a cold start restores the newest checkpoint and "
@@ -137,6 +140,7 @@ def enrichment_microbatch_assets(
         raise Failure(description=str(e)) from e
     pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings,
                               config.max_versions_per_batch,
+                              parallelism=config.parallelism,
                               checkpoint_every=config.checkpoint_every,
                               state_budget_bytes=config.state_budget_bytes)
     held: list[BatchResult] = []

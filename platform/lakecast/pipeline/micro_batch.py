@@ -115,6 +115,8 @@ class BatchResult:
     state_budget_bytes: int = 0
     updates_applied: int = 0
     cold_tasks: int = 0
+    #: the Spark executors that ran the batch's tasks (from their accounting rows)
+    executors: list[str] = field(default_factory=list)
     #: what the runtime's ``after_commit`` hook did (e.g. the checkpoint it took)
     checkpoint: Mapping[str, Any] | None = None
     #: what the runtime's ``before_commit`` hook checked (e.g. state hashes, a restore)
@@ -307,6 +309,7 @@ class MicroBatchPipeline:
             state_budget_bytes=metrics.budget_bytes,
             updates_applied=metrics.broadcast_updates_applied,
             cold_tasks=int(summary["cold_tasks"]),
+            executors=metrics.executors,
             state_check=state_check,
             refused_versions=list(plan.refused),
             full_reloads=[

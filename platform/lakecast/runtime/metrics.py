@@ -41,6 +41,8 @@ class TaskMetrics:
     apply_seconds: float = 0.0
     process_seconds: float = 0.0
     attempt: int = 0
+    #: the Spark executor whose Python worker ran the task ("driver": local mode)
+    executor: str = "driver"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +77,7 @@ TASK_ROW_SCHEMA = pa.schema([
     ("cache", pa.string()), ("elements_applied", pa.int64()), ("rows_applied", pa.int64()),
     ("state_version", pa.string()), ("state_bytes", pa.int64()), ("events_in", pa.int64()),
     ("rows_main", pa.int64()), ("rows_side", pa.string()), ("apply_seconds", pa.float64()),
-    ("process_seconds", pa.float64()), ("attempt", pa.int32()),
+    ("process_seconds", pa.float64()), ("attempt", pa.int32()), ("executor", pa.string()),
 ])
 
 
@@ -111,6 +113,11 @@ class RunMetrics:
     def resident_copies(self) -> int:
         """Distinct Python workers holding a copy (workers are reused across tasks)."""
         return len({t.pid for t in self.tasks})
+
+    @property
+    def executors(self) -> list[str]:
+        """Distinct Spark executors whose Python workers ran the tasks."""
+        return sorted({t.executor for t in self.tasks})
 
     @property
     def over_budget(self) -> bool:

@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -95,6 +96,20 @@ def acquire(plan: TaskPlan) -> tuple[Executor, str, int, int]:
     return (ex, status, ex.store.elements_applied - before_e, ex.store.rows_applied - before_r)
 
 
+def executor_id() -> str:
+    """The Spark executor this Python worker serves: ``SPARK_EXECUTOR_ID`` where Spark sets
+    it (Kubernetes); on a standalone worker, the executor's folder in the worker's work dir
+    (``<work-dir>/app-<id>/<executor id>/...``, the executor's working directory);
+    ``"driver"`` otherwise (local mode: the tasks run in the driver)."""
+    if os.environ.get("SPARK_EXECUTOR_ID"):
+        return os.environ["SPARK_EXECUTOR_ID"]
+    parts = Path(os.getcwd()).parts
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("app-"):
+            return parts[i + 1]
+    return "driver"
+
+
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The body of one Spark task: acquire the state, process every batch, then emit this
     task's accounting row (the :data:`~lakecast.pipeline.contract.TASK_SIDE` output)."""
@@ -134,6 +149,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         apply_seconds=apply_s,
         process_seconds=time.perf_counter() - t1,
         attempt=ctx.attemptNumber() if ctx else 0,
+        executor=executor_id(),
     )
     accounting = Collector()
     accounting.side[TASK_SIDE] = [pa.RecordBatch.from_pylist([metrics.to_row()],

@@ -10,6 +10,7 @@
     lakecast versions                                      # newest Delta version per table
     lakecast snapshots list | show ID | diff A B | restore ID   # broadcast state checkpoints
     lakecast server start | stop | status                  # the Lakecast Spark server
+    lakecast cluster up | down | status | add-worker       # a local standalone cluster
 
 Paths come from :mod:`lakecast.config` (``LAKECAST_LAKE_ROOT`` etc.).
 """
@@ -139,6 +140,30 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from lakecast.cluster import Cluster
+
+    cluster = Cluster.from_settings()
+    if args.action == "up":
+        print(f"starting: master {cluster.master_url}, {args.workers} worker(s), the Lakecast "
+              f"Spark server on {cluster.server.url} (logs in {cluster.folder})", flush=True)
+        cluster.up(workers=args.workers)
+        print(cluster.status())
+        print(f"attach with LAKECAST_SPARK_REMOTE={cluster.server.url}")
+    elif args.action == "add-worker":
+        if cluster.pid("master") is None:
+            raise ValueError("no cluster runs: start it with `lakecast cluster up`")
+        print(f"worker-{cluster.add_worker()} registered; "
+              f"{cluster.alive_workers()} worker(s) ALIVE")
+    elif args.action == "down":
+        stopped = cluster.down()
+        print(f"stopped: {', '.join(stopped)}" if stopped else "not running")
+    else:
+        print(cluster.status())
+        return 0 if cluster.pid("master") is not None else 3
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakecast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
                                         "127.0.0.1): start, stop, status")
     srv.add_argument("action", choices=["start", "stop", "status"])
     srv.set_defaults(fn=cmd_server)
+    cl = sub.add_parser("cluster", help="a local Spark standalone cluster (master, workers, "
+                                        "the Lakecast Spark server as driver; 127.0.0.1)")
+    cl.add_argument("action", choices=["up", "down", "status", "add-worker"])
+    cl.add_argument("--workers", type=int, default=2, help="workers to start (up)")
+    cl.set_defaults(fn=cmd_cluster)
     from lakecast.tools.snapshot_cli import add_parser as add_snapshots
 
     add_snapshots(sub)
