@@ -6,8 +6,9 @@ webserver's log — and show the expected names and numbers:
 
 - the asset graph: its groups (raw, dimensions, segments, microbatch); the lineage of
   ``enriched_events``: events, dim_products, user_segments upstream of it;
-- ``user_segments``, events: the newest partition with its segment_vip and input_rows;
-  plots: the per-day metadata plotted (segment_vip, changed_users, input_rows);
+- ``user_segments``, events: the newest partition with its segment_vip and input_rows
+  (the plots of the per-day metadata are not checked: Dagster 1.13's asset page has no
+  Plots toggle on the events tab, nor a ``view=plots`` page; where it shows plots is open);
 - ``enriched_events``: the batch's events_in and state_budget_bytes; its checks
   (state_budget, broadcast_versions_accepted);
 - ``events`` (observable source): the observed Delta version;
@@ -120,8 +121,6 @@ def _visit_pages(pw: Any, url: str, d: demo.Demo, shots: Any, problems: list[str
         visit("user_segments", "/assets/user_segments?view=events",
               [d.segments_day], [("segment_vip", str(d.segments["segment_vip"])),
                                  ("input_rows", str(d.segments["input_rows"]))])
-        visit("user_segments plots", "/assets/user_segments?view=events",
-              ["segment_vip", "changed_users", "input_rows"], click="Plots")
         visit("enriched_events", "/assets/enriched_events?view=events",
               names=["enriched_events"], pairs=[("events_in", str(d.batch["events_in"])),
                                                 ("state_budget_bytes", str(100 * 2**20))])
