@@ -38,7 +38,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "==> installing Debian's chromium for the browser test (apt-get)"; \
 	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
-	  echo "could not install chromium: tests/ui will be skipped"
+	  echo "could not install chromium: the browser test (tests/ui) will fail"
 
 # PostgreSQL server binaries from Debian's packages, for the production Dagster stack
 # (deploy/prod_stack.py) and its test; installed once (no cluster of the package's own:

@@ -89,9 +89,10 @@ def _visitor(page: Any, url: str, shots: Any, problems: list[str]) -> Visit:
     return visit
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                    "(make test installs it: apt-get install -y chromium)")
 def test_operator_pages_load_and_show_the_demo(spark, lake, tmp_path):
+    # a missing browser fails the test (never a skip): the browser test is a feature
+    assert CHROMIUM is not None, ("Debian's chromium is not installed: run `make test` "
+                                  "(it installs it) or `apt-get install -y chromium`")
     from playwright.sync_api import sync_playwright
 
     shots = tmp_path / "pages"
