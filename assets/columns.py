@@ -106,6 +106,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         ("event_ts", "timestamp", "event_time parsed as a UTC timestamp."),
         ("_state_version", "string", "JSON {table: Delta version} of the broadcast state "
                                      "that found no match."),
+        ("_unmatched_reason", "string", "missing_state (no product at that state version) "
+                                        "or hold_timeout (held until LAKECAST_HOLD_TIMEOUT "
+                                        "passed, the product never arrived)."),
     ),
     "enrichment_rejected": (
         ("reason", "string", "Why the event was rejected (e.g. null_user_id, bad_event_time, "

@@ -10,6 +10,8 @@ killed after N batches still shows those N):
   wrote to the asset) and the batch's ``events_in``/``enriched``/``unmatched``/``rejected``
   and ``cross_batch_duplicates`` (rejected events whose ``event_id`` an earlier batch
   accepted; the dedup's ``dedup_watermark``/``dedup_retained``/``dedup_keys_found`` too);
+  ``held`` (events held after the batch), ``held_retried`` (held events it offered
+  again) and ``held_expired`` (held events it sent to unmatched after the hold timeout);
 - ``dagster/row_count``: rows in the table after the batch's commit (from the Delta
   log's file statistics, no scan);
 - ``state_bytes_per_task``, ``state_bytes_total`` (x ``parallelism``), ``state_budget_bytes``
@@ -32,6 +34,7 @@ from jobs.enrichment_pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
 from jobs.state_budget import state_budget_metadata
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
+from lakecast.pipeline.held import HELD_COUNTS
 from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, BatchResult
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
 
@@ -63,7 +66,8 @@ def batch_metadata(
         "events_end": plan.events_end,
         "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
         **{k: int(counts.get(k, 0)) for k in ("events_in", "enriched", "unmatched",
-                                                "rejected", CROSS_BATCH_DUPLICATES)},
+                                                "rejected", CROSS_BATCH_DUPLICATES,
+                                                *HELD_COUNTS)},
     }
     if written is not None and oldest is not None and newest is not None:
         common["commit_to_output_seconds"] = round(written - oldest, 3)

@@ -2,8 +2,10 @@
 
 Events are enriched with three broadcast states built from Delta tables:
 
-* ``dim_products`` → ``product_category``, ``product_price`` (unknown product:
-  the event goes to the ``unmatched`` side output, with its reason);
+* ``dim_products`` → ``product_category``, ``product_price`` (unknown product: the event
+  is held, and the pipeline offers it again to each following batch until a version of
+  ``dim_products`` has the product, or the hold timeout sends it to the ``unmatched``
+  side output with its reason: :mod:`lakecast.pipeline.held`);
 * ``user_segments`` → ``segment`` (VIP / REGULAR / NEW / CHURNING; unknown or
   not yet segmented user: ``NEW``);
 * ``feature_flags`` → ``vip_discount_pct``: the flag ``vip_discount`` (value =
@@ -28,7 +30,7 @@ import pyarrow.compute as pc
 
 from assets.transforms import classify_event_format
 from lakecast.api.contracts import TableContract
-from lakecast.api.descriptors import MapStateDescriptor
+from lakecast.api.descriptors import UNMATCHED, MapStateDescriptor, OutputTag
 from lakecast.api.element import BroadcastElement
 from lakecast.api.enrich import Enrichment, Lookup
 from lakecast.api.functions import Context, ReadOnlyContext
@@ -76,7 +78,7 @@ class StorefrontEnrichment(Enrichment):
             [
                 Lookup(DIM_PRODUCTS, key="product_id",
                        columns={"category": "product_category", "price": "product_price"},
-                       on_missing="unmatched"),
+                       on_missing="hold"),
                 Lookup(USER_SEGMENTS, key="user_id", columns=["segment"],
                        defaults={"segment": "NEW"}),
             ]
@@ -84,6 +86,10 @@ class StorefrontEnrichment(Enrichment):
 
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         return [*super().state_descriptors(), FLAGS]
+
+    def output_tags(self) -> Sequence[OutputTag]:
+        # the pipeline's unmatched table gets a (possibly empty) write every batch
+        return [UNMATCHED]
 
     def table_contracts(self) -> Sequence[TableContract]:
         return [*super().table_contracts(), FLAGS_CONTRACT]

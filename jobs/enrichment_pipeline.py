@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 ENRICHED_EVENTS = "enriched_events"
 ENRICHMENT_UNMATCHED = "enrichment_unmatched"
 ENRICHMENT_REJECTED = "enrichment_rejected"
+#: the events held until their product arrives (:mod:`lakecast.pipeline.held`)
+ENRICHMENT_HELD = "enrichment_held"
 EXCLUSIVE_TAG = "lakecast/exclusive"
 #: run tag with the table versions a sensor-requested run processes (JSON: table → version)
 VERSIONS_TAG = "lakecast/versions"
@@ -54,6 +56,9 @@ ENRICHMENT = PipelineSpec(
     # enriched (or sent to unmatched) is rejected as duplicate_event_id, within the
     # retention of event time (Settings.dedup_retention unless build_pipeline says)
     dedup=DedupSpec(key="event_id", time_column="event_ts", reason="duplicate_event_id"),
+    # events whose product is not in dim_products yet are held and retried each batch,
+    # until the product arrives or Settings.hold_timeout (by plan time) passes
+    held_table=ENRICHMENT_HELD,
 )
 
 
@@ -68,6 +73,7 @@ def build_pipeline(
     function_id: str = "storefront-enrichment",
     dedup_retention: timedelta | None = None,
     state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,
+    hold_timeout: timedelta | None = None,
 ) -> MicroBatchPipeline:
     """The enrichment pipeline over the lake of ``settings``, built whole
     (:func:`lakecast.build.broadcast_pipeline`).
@@ -79,11 +85,16 @@ def build_pipeline(
     ``dedup_retention``: how long by event time an accepted ``event_id`` is remembered
     (default: ``settings.dedup_retention``, ``LAKECAST_DEDUP_RETENTION``).
     ``state_budget_bytes``: budget for the state x parallelism (reported per batch).
+    ``hold_timeout``: how long by plan time an event whose product is unknown is retried
+    before it goes to unmatched (default: ``settings.hold_timeout``,
+    ``LAKECAST_HOLD_TIMEOUT``; 0: at once).
     """
     assert ENRICHMENT.dedup is not None
     retention = settings.dedup_retention if dedup_retention is None else dedup_retention
     spec = replace(ENRICHMENT, max_versions_per_batch=max_versions_per_batch,
-                   dedup=replace(ENRICHMENT.dedup, retention=retention))
+                   dedup=replace(ENRICHMENT.dedup, retention=retention),
+                   hold_timeout=settings.hold_timeout if hold_timeout is None
+                   else hold_timeout)
     return broadcast_pipeline(
         spark, spec,
         StorefrontEnrichment(), table_path=settings.table_path,
@@ -103,6 +114,8 @@ def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
         "unmatched": sum(r.counts.get("unmatched", 0) for r in results),
         "rejected": sum(r.counts.get("rejected", 0) for r in results),
         CROSS_BATCH_DUPLICATES: sum(r.counts.get(CROSS_BATCH_DUPLICATES, 0) for r in results),
+        "held_retried": sum(r.counts.get("held_retried", 0) for r in results),
+        "held_expired": sum(r.counts.get("held_expired", 0) for r in results),
         "broadcast_elements": sum(r.broadcast_elements for r in results),
         "broadcast_rows": sum(r.broadcast_rows for r in results),
         "broadcast_updates_applied": sum(r.updates_applied for r in results),
@@ -115,6 +128,7 @@ def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
     }
     if results:
         last = results[-1]
+        total["held"] = last.counts.get("held", 0)  # held after the run
         total["state_version"] = json.dumps(last.state_version, sort_keys=True)
         total["state_bytes_per_task"] = last.state_bytes_per_task
         total["parallelism"] = last.parallelism

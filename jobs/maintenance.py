@@ -98,8 +98,11 @@ class MaintainedTable:
 
 def pipeline_tables(spec: PipelineSpec) -> list[MaintainedTable]:
     """Every Delta table a pipeline writes: outputs first, then its progress log and
-    snapshot table (asset keys ``<pipeline>_progress`` and ``<pipeline>_snapshots``)."""
-    return [*(MaintainedTable(spec.name, t, OUTPUT) for t in spec.output_tables),
+    snapshot table (asset keys ``<pipeline>_progress`` and ``<pipeline>_snapshots``). The
+    held table is not maintained yet (it gains one small file per batch that changes the
+    held set; no asset stands for it)."""
+    return [*(MaintainedTable(spec.name, t, OUTPUT) for t in spec.output_tables
+              if t != spec.held_table),
             MaintainedTable(spec.name, f"{spec.name}_progress", PROGRESS),
             MaintainedTable(spec.name, f"{spec.name}_snapshots", SNAPSHOTS)]
 

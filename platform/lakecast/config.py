@@ -17,6 +17,10 @@ and an environment override:
 - how long (by event time) a micro-batch pipeline remembers the keys it accepted, to
   reject a later copy as a duplicate: ``LAKECAST_DEDUP_RETENTION`` (``7d``; see
   :mod:`lakecast.pipeline.dedup`)
+- how long (by plan time) a micro-batch pipeline keeps retrying an event its function
+  held until the event's state arrives, before sending it to unmatched:
+  ``LAKECAST_HOLD_TIMEOUT`` (``0``: never held past its batch; see
+  :mod:`lakecast.pipeline.held`)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -35,6 +39,8 @@ from lakecast.errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 #: default of ``LAKECAST_DEDUP_RETENTION``
 DEFAULT_DEDUP_RETENTION = timedelta(days=7)
+#: default of ``LAKECAST_HOLD_TIMEOUT``: held events go to unmatched in their own batch
+DEFAULT_HOLD_TIMEOUT = timedelta(0)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -103,6 +109,8 @@ class Settings:
     spark_remote: str = ""
     #: how long by event time a pipeline remembers accepted keys (cross-batch dedup)
     dedup_retention: timedelta = DEFAULT_DEDUP_RETENTION
+    #: how long by plan time a pipeline retries the events its function held
+    hold_timeout: timedelta = DEFAULT_HOLD_TIMEOUT
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -153,6 +161,8 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         spark_remote=_remote(env.get("LAKECAST_SPARK_REMOTE", "")),
         dedup_retention=parse_duration(env["LAKECAST_DEDUP_RETENTION"])
         if env.get("LAKECAST_DEDUP_RETENTION") else DEFAULT_DEDUP_RETENTION,
+        hold_timeout=parse_duration(env["LAKECAST_HOLD_TIMEOUT"], "LAKECAST_HOLD_TIMEOUT")
+        if env.get("LAKECAST_HOLD_TIMEOUT") else DEFAULT_HOLD_TIMEOUT,
     )
 
 

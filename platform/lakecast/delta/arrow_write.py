@@ -79,17 +79,40 @@ def checkpoint_log(path: str) -> int:
     return table.version()
 
 
-def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = None) -> int:
-    """Replace every row of the existing Delta table at ``path`` with ``table`` in one
-    commit (delta-rs; same schema); returns the version committed. ``user_metadata`` as in
-    :func:`append_arrow`."""
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
+def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = None,
+                    txn: tuple[str, int] | None = None, create: bool = False,
+                    replace_schema: bool = False) -> int | None:
+    """Replace every row of the Delta table at ``path`` with ``table`` in one commit
+    (delta-rs; same schema); returns the version committed, or ``None`` when
+    ``txn=(app_id, version)`` was already committed (nothing written, as
+    :func:`append_arrow`). ``create``: create the table when it is missing (else that is an
+    error). ``replace_schema``: the table takes ``table``'s schema (else it must match).
+    ``user_metadata`` as in :func:`append_arrow`."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake.exceptions import TableNotFoundError
 
     uri = _uri(path)
-    props = CommitProperties(custom_metadata={"userMetadata": user_metadata}) \
-        if user_metadata else None
     try:
-        write_deltalake(DeltaTable(uri), table, mode="overwrite", commit_properties=props)
+        existing: DeltaTable | None = DeltaTable(uri)
+    except TableNotFoundError:
+        if not create:
+            raise DeltaIOError(f"no Delta table at {path} to overwrite") from None
+        existing = None
+    if existing is not None and txn is not None:
+        done = existing.transaction_version(txn[0])
+        if done is not None and done >= txn[1]:
+            return None
+    props = None
+    if txn is not None or user_metadata is not None:
+        props = CommitProperties(
+            app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
+            custom_metadata={"userMetadata": user_metadata} if user_metadata else None)
+    try:
+        write_deltalake(existing if existing is not None else uri, table, mode="overwrite",
+                        schema_mode="overwrite" if replace_schema and existing is not None
+                        else None,
+                        configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
+                        commit_properties=props)
     except Exception as exc:  # delta-rs raises its own types; name the table
         raise DeltaIOError(f"overwriting the Delta table at {path} with {table.num_rows} "
                            f"rows failed: {exc}") from exc

@@ -6,6 +6,7 @@
   reconcile, write, commit
 - :mod:`~lakecast.pipeline.rewind`       roll a pipeline back to a committed batch
 - :mod:`~lakecast.pipeline.dedup`        exactly once per key across batches (DedupSpec)
+- :mod:`~lakecast.pipeline.held`         held events, re-offered until their state arrives
 - :mod:`~lakecast.pipeline.events`       a batch's new events (append-only range)
 """
 

@@ -148,18 +148,8 @@ class DedupLookup:
         return self._spark(at)
 
     def _settled(self, table: str, version: int) -> int:
-        """The newest version of ``table`` whose commits after ``version`` only rearrange
-        its files (``dataChange: false``: OPTIMIZE; VACUUM, metadata): the same rows, in
-        files that a VACUUM after the compaction keeps. A commit that changes data (this
-        batch's own partial writes, when it is redone) ends the search."""
-        path = self.table_path(table)
-        latest = delta_io.latest_version(path, self.spark) or version
-        settled = version
-        for v in range(version + 1, latest + 1):
-            if any(_changes_data(a) for a in delta_io.commit_actions(path, v, self.spark)):
-                return settled
-            settled = v
-        return settled
+        """:func:`settled_version` of ``table`` at ``version``."""
+        return settled_version(self.spark, self.table_path(table), version)
 
     def _batch_keys(self, plan: BatchPlan) -> pa.ChunkedArray:
         """The keys of the plan's events, read from the files its commits add (the range
@@ -309,6 +299,20 @@ class DedupLookup:
             return rows, 0
         fixed = pc.if_else(hit, pa.scalar(self.spec.reason_text, col.type), col)
         return rows.set_column(rows.schema.get_field_index(column), column, fixed), n
+
+
+def settled_version(spark: SparkSession | None, path: str, version: int) -> int:
+    """The newest version of the Delta table at ``path`` whose commits after ``version``
+    only rearrange its files (``dataChange: false``: OPTIMIZE; VACUUM, metadata): the same
+    rows, in files that a VACUUM after the compaction keeps. A commit that changes data
+    (e.g. a redone batch's own partial writes) ends the search."""
+    latest = delta_io.latest_version(path, spark) or version
+    settled = version
+    for v in range(version + 1, latest + 1):
+        if any(_changes_data(a) for a in delta_io.commit_actions(path, v, spark)):
+            return settled
+        settled = v
+    return settled
 
 
 def _changes_data(action: Mapping[str, Any]) -> bool:

@@ -49,3 +49,15 @@ def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan
     return changes.filter(F.col("_change_type") == "insert").drop(
         "_change_type", "_commit_version", "_commit_timestamp"
     ), rows
+
+
+def rejected_rows(rejected: DataFrame, plan: BatchPlan, reason: str) -> DataFrame:
+    """Rejected events (``reason``: the column saying why) as (reason, raw_record JSON,
+    batch_id)."""
+    from pyspark.sql import functions as F
+
+    return rejected.select(
+        F.col(reason).alias("reason"),
+        F.to_json(F.struct(*[c for c in rejected.columns if c != reason])).alias("raw_record"),
+        F.lit(plan.batch_id).alias("batch_id"),
+    )

@@ -19,7 +19,8 @@ since the last committed batch, as one or more batches:
 5. **reconcile** before writing anything: events in = events the tasks consumed (their
    accounting rows) + rejected, or the batch fails with nothing written; then the
    runtime's ``before_commit`` check (e.g. every task holds the same broadcast state),
-   which fails the batch with nothing written either;
+   which fails the batch with nothing written either; held events of earlier batches
+   are re-offered with the new ones and the held set is kept (:mod:`.held`);
 6. **write** each output to its own Delta table with ``txnAppId``/``txnVersion``
    = (pipeline:output, batch id), so a retry never writes twice;
 7. let the runtime persist state versioned with the outputs (``commit_state``), then
@@ -35,20 +36,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
+from lakecast.pipeline.batch_result import BatchResult as BatchResult
 from lakecast.pipeline.contract import BatchRuntime, CollectableOutput
 from lakecast.pipeline.dedup import EARLIER_BATCH, DedupLookup, DedupSpec, Prior
 from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
-from lakecast.pipeline.events import read_new_events
+from lakecast.pipeline.events import read_new_events, rejected_rows
 from lakecast.pipeline.faults import crash_point
+from lakecast.pipeline.held import HELD_SIDE, UNMATCHED_SIDE, HeldEvents, HeldOutcome
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog, bounded_versions
 from lakecast.pipeline.rewind import finish_rewind
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 REASON_COLUMN = "_reason"
@@ -59,6 +64,8 @@ COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
+#: a batch's held set before it ran (``None``: none) and its event columns
+Held = tuple["pa.Table | None", list[str]] | None
 
 
 class ConcurrentRunError(LakecastError):
@@ -85,6 +92,11 @@ class PipelineSpec:
     state_table: str | None = None
     #: reject valid events whose key an earlier batch accepted (:mod:`.dedup`)
     dedup: DedupSpec | None = None
+    #: keep the events the function holds here and offer them again to each following
+    #: batch, until their state arrives or ``hold_timeout`` (by plan time) sends them to
+    #: the ``unmatched`` side output (:mod:`.held`)
+    held_table: str | None = None
+    hold_timeout: timedelta = timedelta(0)
 
     @property
     def output_tables(self) -> list[str]:
@@ -95,45 +107,9 @@ class PipelineSpec:
             tables.append(self.rejected_table)
         if self.state_table:
             tables.append(self.state_table)
+        if self.held_table:
+            tables.append(self.held_table)
         return tables
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """What one batch did (for logs and Dagster metadata)."""
-
-    plan: BatchPlan
-    counts: dict[str, int]
-    seconds: float
-    redone: bool
-    state_version: dict[str, int] = field(default_factory=dict)
-    broadcast_elements: int = 0
-    broadcast_rows: int = 0
-    state_bytes_per_task: int = 0
-    parallelism: int = 0
-    #: the runtime's budget for state x parallelism (0: the runtime has none)
-    state_budget_bytes: int = 0
-    updates_applied: int = 0
-    cold_tasks: int = 0
-    #: the Spark executors that ran the batch's tasks (from their accounting rows)
-    executors: list[str] = field(default_factory=list)
-    #: what the runtime's ``after_commit`` hook did (e.g. the checkpoint it took)
-    checkpoint: Mapping[str, Any] | None = None
-    #: what the runtime's ``before_commit`` hook checked (e.g. state hashes, a restore)
-    state_check: Mapping[str, Any] | None = None
-    #: broadcast versions refused at planning, with their reasons (the plan's record)
-    refused_versions: list[dict[str, Any]] = field(default_factory=list)
-    #: tables reloaded whole instead of applying their changes: ``{table, version, reason}``
-    full_reloads: list[dict[str, Any]] = field(default_factory=list)
-    #: the Delta version of every output table after the batch's commit
-    output_versions: dict[str, int] = field(default_factory=dict)
-    #: the cross-batch dedup's lookup: ``watermark`` (ISO), ``retained`` events, ``keys``
-    #: found (empty without a dedup or before any commit)
-    dedup: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def events_in(self) -> int:
-        return self.counts["events_in"]
 
 
 class MicroBatchPipeline:
@@ -161,9 +137,17 @@ class MicroBatchPipeline:
         #: with delta-rs (no Spark job per output); larger ones are written by Spark
         self.collect_max_rows = COLLECT_MAX_ROWS
         #: the cross-batch dedup of ``spec.dedup`` (``None``: off)
+        #: the held events of ``spec.held_table`` (``None``: the pipeline holds nothing); a
+        #: copy of a held event is a duplicate for the dedup, as one of an output's event
+        self.held = None if spec.held_table is None else HeldEvents(
+            spark, spec.name, spec.held_table, table_path(spec.held_table), spec.hold_timeout)
+        if self.held is not None and UNMATCHED_SIDE not in spec.side_outputs:
+            raise ValueError(f"{spec.name}: a held_table needs an {UNMATCHED_SIDE!r} side "
+                             f"output (where held events go after the hold timeout)")
         self.dedup = None if spec.dedup is None else DedupLookup(
             spark, spec.dedup, table_path, spec.events_table,
-            [spec.output_table, *spec.side_outputs.values()])
+            [spec.output_table, *spec.side_outputs.values(),
+             *([spec.held_table] if spec.held_table else [])])
 
     @property
     def output_tables(self) -> list[str]:
@@ -278,17 +262,23 @@ class MicroBatchPipeline:
                       else checked.count()}
         if self.dedup is not None:
             counts.setdefault(CROSS_BATCH_DUPLICATES, 0)
+        held = None
+        if self.held is not None:  # the held set the last batch left, re-offered
+            _, last = self.log.last_committed()
+            held = (self.held.prior(last.output_versions if last else {}), valid.columns)
+            if held[0] is not None:
+                valid = self.held.offer(valid, held[0])
         crash_point("read", plan.batch_id)
         result = self.runtime.process_batch(valid, plan)
         try:
             if collect and isinstance(result, CollectableOutput):
-                state_check = self._collected(result, rejected, counts, plan)
+                state_check = self._collected(result, rejected, counts, plan, held)
             else:
                 if rejected is not None and "rejected" not in counts:  # not collectable
                     counts["rejected"] = rejected.count()
                     counts[CROSS_BATCH_DUPLICATES] = rejected.where(
                         F.col(REASON_COLUMN) == EARLIER_BATCH).count()
-                state_check = self._distributed(result.persist(), rejected, counts, plan)
+                state_check = self._distributed(result.persist(), rejected, counts, plan, held)
             metrics = result.metrics()
         finally:
             result.unpersist()
@@ -341,58 +331,78 @@ class MicroBatchPipeline:
         return self.dedup.mark(checked, prior, REASON_COLUMN)
 
     def _reconcile(self, by_output: Mapping[str | None, int], tasks: list[dict[str, Any]],
-                   summary: Mapping[str, int], counts: dict[str, int], plan: BatchPlan) -> None:
+                   summary: Mapping[str, int], counts: dict[str, int], plan: BatchPlan,
+                   held: HeldOutcome | None = None) -> None:
         """Fill ``counts`` from the outputs and the tasks' accounting rows; raise unless
-        events in = events the tasks consumed + rejected (nothing is written yet)."""
-        unknown = {k for k in by_output if k is not None} - set(self.spec.side_outputs)
+        events in + held re-offered = events the tasks consumed + rejected (nothing is
+        written yet)."""
+        known = {*self.spec.side_outputs, *([HELD_SIDE] if self.held is not None else [])}
+        unknown = {k for k in by_output if k is not None} - known
         if unknown:
             raise ReconciliationError(
                 f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
-                f"configured: {sorted(self.spec.side_outputs)}"
-            )
+                f"configured: {sorted(self.spec.side_outputs)} (held events need "
+                f"PipelineSpec.held_table)")
         counts["enriched"] = by_output.get(None, 0)
         for side in self.spec.side_outputs:
             counts[side] = by_output.get(side, 0)
+        if held is not None:
+            if by_output.get(HELD_SIDE, 0) != held.held.num_rows + held.expired.num_rows:
+                raise ReconciliationError(
+                    f"batch {plan.batch_id}: {by_output.get(HELD_SIDE, 0)} events held but "
+                    f"{held.held.num_rows} kept + {held.expired.num_rows} expired")
+            held.apply(counts)
         # the tasks count what they consumed (outputs need not be 1:1 with events)
         counts["processed"] = sum(int(r["events_in"]) for r in tasks)
         counts.update(summary)
         consumed = counts["processed"] + counts.get("rejected", 0)
-        if consumed != counts["events_in"]:
+        offered = counts["events_in"] + counts.get("held_retried", 0)
+        if consumed != offered:
             raise ReconciliationError(
-                f"batch {plan.batch_id}: events in = {counts['events_in']} but the tasks "
-                f"consumed {counts['processed']} and {counts.get('rejected', 0)} were "
+                f"batch {plan.batch_id}: events in + held re-offered = {offered} but the "
+                f"tasks consumed {counts['processed']} and {counts.get('rejected', 0)} were "
                 f"rejected ({counts}); nothing was written or committed"
             )
 
     def _collected(self, result: Any, rejected: DataFrame | None, counts: dict[str, int],
-                   plan: BatchPlan) -> Mapping[str, Any] | None:
+                   plan: BatchPlan, held: Held) -> Mapping[str, Any] | None:
         """A small batch: one job for the outputs and the rejected rows, then Arrow counts
         and delta-rs writes."""
         out = result.collect(None if rejected is None
-                             else self._rejected_rows(rejected, plan))
+                             else rejected_rows(rejected, plan, REASON_COLUMN))
         bad = out.extra
         if bad is not None:
             counts["rejected"] = bad.num_rows
             if self.dedup is not None:
                 bad, counts[CROSS_BATCH_DUPLICATES] = self.dedup.finish_rejected(bad)
-        self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan)
+        settled = self._settle(out.sides.get(HELD_SIDE), held, plan)
+        self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan,
+                        settled)
         state_check = self.runtime.before_commit(result, plan)
-        self._write_outputs(self._append, out.main, out.sides,
-                            bad if bad is not None and bad.num_rows else None, plan)
+        sides = out.sides if settled is None or self.held is None else self.held.route(
+            out.sides, settled, arrow=True)
+        self._write_outputs(self._append, out.main, sides,
+                            bad if bad is not None and bad.num_rows else None, plan, settled)
         self.runtime.commit_state(result)
         return state_check
 
     def _distributed(self, result: Any, rejected: DataFrame | None, counts: dict[str, int],
-                     plan: BatchPlan) -> Mapping[str, Any] | None:
-        """A large batch: counted by Spark actions, written by Spark jobs."""
+                     plan: BatchPlan, held: Held) -> Mapping[str, Any] | None:
+        """A large batch: counted by Spark actions, written by Spark jobs (the held
+        events are brought to the driver)."""
+        names = result.side_output_names
+        settled = self._settle(result.side(HELD_SIDE).toArrow() if held and HELD_SIDE in names
+                               else None, held, plan)
         self._reconcile(result.output_counts(), result.task_rows(), result.summary(),
-                        counts, plan)
+                        counts, plan, settled)
         state_check = self.runtime.before_commit(result, plan)
-        bad = None if rejected is None else self._rejected_rows(rejected, plan)
+        bad = None if rejected is None else rejected_rows(rejected, plan, REASON_COLUMN)
         if bad is not None and self.dedup is not None:
             bad = bad.withColumn("reason", self.dedup.public_reason(bad["reason"]))
-        self._write_outputs(self._write, result.main,
-                            {s: result.side(s) for s in result.side_output_names}, bad, plan)
+        sides = {s: result.side(s) for s in names}
+        if settled is not None and self.held is not None:
+            sides = self.held.route(sides, settled, arrow=False)
+        self._write_outputs(self._write, result.main, sides, bad, plan, settled)
         if self.spec.state_table:
             crash_point("outputs_written", plan.batch_id)
         self.runtime.commit_state(result)
@@ -400,15 +410,25 @@ class MicroBatchPipeline:
             crash_point("state_written", plan.batch_id)
         return state_check
 
+    def _settle(self, rows: pa.Table | None, held: Held, plan: BatchPlan
+                ) -> HeldOutcome | None:
+        """The batch's held set and expired events (``None``: the pipeline holds nothing)."""
+        if self.held is None or held is None:
+            return None
+        return self.held.settle(rows, held[0], held[1], plan)
+
     def _write_outputs(self, write: Callable[[Any, str, str, BatchPlan], None], main: Any,
-                       sides: Mapping[str, Any], rejected: Any, plan: BatchPlan) -> None:
-        """Write the main output first (freshness), then the side outputs, then the
-        rejected rows, each with ``write`` (Spark or delta-rs)."""
+                       sides: Mapping[str, Any], rejected: Any, plan: BatchPlan,
+                       held: HeldOutcome | None = None) -> None:
+        """Write the main output first (freshness), then the side outputs, the held set
+        and the rejected rows, each with ``write`` (Spark or delta-rs)."""
         write(main, self.spec.output_table, "main", plan)
         crash_point("main_written", plan.batch_id)
         for side, table in self.spec.side_outputs.items():
             if side in sides:
                 write(sides[side], table, side, plan)
+        if held is not None and self.held is not None:
+            self.held.write(held, plan)
         if rejected is not None:
             write(rejected, self._rejected_table(), "rejected", plan)
 
@@ -428,19 +448,6 @@ class MicroBatchPipeline:
                 f"invalid events and no rejected table configured for {self.spec.name}"
             )
         return self.spec.rejected_table
-
-    @staticmethod
-    def _rejected_rows(rejected: DataFrame, plan: BatchPlan) -> DataFrame:
-        """Rejected events as (reason, raw_record JSON, batch_id)."""
-        from pyspark.sql import functions as F
-
-        return rejected.select(
-            F.col(REASON_COLUMN).alias("reason"),
-            F.to_json(F.struct(*[c for c in rejected.columns if c != REASON_COLUMN])).alias(
-                "raw_record"
-            ),
-            F.lit(plan.batch_id).alias("batch_id"),
-        )
 
     def warm_up(self) -> int | None:
         """Build the runtime's task-local state at the last committed batch's versions
