@@ -38,6 +38,15 @@ def spark_server():
 
 
 @pytest.fixture
+def server_url(spark_server) -> str:
+    """The URL of the test run's Lakecast Spark server, for a job run in a subprocess
+    (``LAKECAST_SPARK_REMOTE`` in that process's environment only): the job attaches to
+    the server as a Spark Connect client, as runs do under ``make ui``, instead of starting
+    a JVM of its own. This process keeps its in-process session."""
+    return spark_server.url
+
+
+@pytest.fixture
 def connect_lake(lake, spark_server, monkeypatch) -> Iterator[Settings]:
     """A fresh lake whose Spark is the test run's Lakecast Spark server."""
     monkeypatch.setenv("LAKECAST_SPARK_REMOTE", spark_server.url)

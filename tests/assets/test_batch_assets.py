@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from datetime import date
@@ -34,6 +33,7 @@ from lakecast.tables import (
 from lakecast.tools import datagen, producer
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
+from tests.runs import remote_env
 
 SEGMENT_COLUMNS = ["user_id", "segment", "lifetime_value", "interests", "updated_day"]
 FEATURE_COLUMNS = [
@@ -43,16 +43,17 @@ FEATURE_COLUMNS = [
 SEGMENT_ASSETS = f"{USER_FEATURES},{USER_SEGMENTS}"
 
 
-def cli_backfill(selection: str, first: str, last: str) -> str:
+def cli_backfill(selection: str, first: str, last: str, remote: str | None = None) -> str:
     """``dagster asset materialize --partition-range first...last`` in a subprocess with this
-    process's environment (temp lake, DAGSTER_HOME); returns the one run's id."""
+    process's environment (temp lake, DAGSTER_HOME), a client of the Spark server at
+    ``remote`` (``None``: its own Spark); returns the one run's id."""
     dagster = Path(sys.executable).parent / "dagster"
     cmd = [
         str(dagster), "asset", "materialize", "-m", "jobs.definitions",
         "--select", selection, "--partition-range", f"{first}...{last}",
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=PROJECT_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600
+        cmd, cwd=PROJECT_ROOT, env=remote_env(remote), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with DagsterInstance.get() as instance:
@@ -130,7 +131,7 @@ def _add_a_vip(spark, lake) -> int:
 
 
 def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_nothing(
-    spark, small_lake
+    spark, small_lake, server_url
 ):
     lake = small_lake
     vip = _add_a_vip(spark, lake)
@@ -155,8 +156,9 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
     assert dim_meta["accepted_rows"].value == len(exp_users)
     assert dim_meta["quarantined_rows"].value == int(pu["reason"].notna().sum()) > 0
 
-    # ---- three days in ONE run, through the Dagster CLI in a subprocess (its own Spark)
-    run_id = cli_backfill(SEGMENT_ASSETS, SMALL.day_keys[0], SMALL.day_keys[-1])
+    # ---- three days in ONE run, through the Dagster CLI in a subprocess (on the test run's
+    # Spark server, as under `make ui`)
+    run_id = cli_backfill(SEGMENT_ASSETS, SMALL.day_keys[0], SMALL.day_keys[-1], server_url)
     with DagsterInstance.get() as instance:  # the temp lake's DAGSTER_HOME
         seg_meta = _by_partition(instance, USER_SEGMENTS)
         feat_meta = _by_partition(instance, USER_FEATURES)

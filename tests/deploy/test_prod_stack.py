@@ -111,8 +111,9 @@ def test_up_names_what_failed_and_the_fix_and_leaves_nothing(tmp_path, problem):
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[StackUnderTest]:
-    """The stack on free loopback ports, its lake and instance in a fresh folder."""
+def stack(spark_server) -> Iterator[StackUnderTest]:
+    """The stack on free loopback ports, its lake and instance in a fresh folder; its runs
+    attach to the test run's Lakecast Spark server, as production runs attach to theirs."""
     # in the system's temp folder, not the clone's var/: the `postgres` OS user must be able
     # to enter every parent folder (a clone may live under a private one), and the Unix
     # socket's path must stay short
@@ -122,7 +123,7 @@ def stack() -> Iterator[StackUnderTest]:
            "DAGSTER_PG_PORT": str(_free_port()), "LAKECAST_WEB_PORT": str(_free_port()),
            "LAKECAST_LAKE_ROOT": str(root / "lake"),
            "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
-           "LAKECAST_SENSOR_INTERVAL_SECONDS": "2", "LAKECAST_SPARK_REMOTE": ""}
+           "LAKECAST_SENSOR_INTERVAL_SECONDS": "2", "LAKECAST_SPARK_REMOTE": spark_server.url}
     t0 = time.monotonic()
     try:
         _cli(env, "up")

@@ -168,10 +168,11 @@ def versions(value: str) -> dict[str, int]:
     return json.loads(value)
 
 
-def run_microbatch(crash_at: str | None = None, *args: str) -> int:
+def run_microbatch(crash_at: str | None = None, *args: str, remote: str | None = None) -> int:
     """``python -m jobs.microbatch --max-versions-per-batch 1 ARGS`` in a process of its
-    own (``LAKECAST_CRASH_AT=crash_at``: SIGKILL at that point); its return code (-9:
-    killed). Raises when it fails otherwise."""
+    own (``LAKECAST_CRASH_AT=crash_at``: SIGKILL at that point, between Spark actions), a
+    client of the Spark server at ``remote`` (``None``: its own Spark); its return code
+    (-9: killed). Raises when it fails otherwise."""
     import contextlib
     import os
     import signal
@@ -179,10 +180,9 @@ def run_microbatch(crash_at: str | None = None, *args: str) -> int:
     import sys
 
     from lakecast.config import PROJECT_ROOT
+    from tests.runs import remote_env
 
-    env = {k: v for k, v in os.environ.items() if k != "LAKECAST_CRASH_AT"}
-    if crash_at:
-        env["LAKECAST_CRASH_AT"] = crash_at
+    env = remote_env(remote, **({"LAKECAST_CRASH_AT": crash_at} if crash_at else {}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobs.microbatch", "--max-versions-per-batch", "1", *args],
         cwd=PROJECT_ROOT, env=env, start_new_session=True,

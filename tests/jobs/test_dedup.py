@@ -154,17 +154,18 @@ def test_retention_by_event_time(spark, lake, monkeypatch, retention):
     _assert_outputs(_outputs(spark, settings), want, unique=False)
 
 
-def test_redo_of_a_crashed_batch_with_copies_equals_a_clean_run(spark, lake):
+def test_redo_of_a_crashed_batch_with_copies_equals_a_clean_run(spark, lake, server_url):
     """kill -9 after batch 1 wrote its main output (then after all its outputs): the
-    redo looks up the outputs as of batch 0's commit, not its own partial writes."""
+    redo looks up the outputs as of batch 0's commit, not its own partial writes. The runs
+    are clients of the test run's Spark server (the kills fall between Spark actions)."""
     ml.build(spark, lake)
     batches = _copies_batches()
     for frame in batches:
         ml.write_events(spark, lake, frame)
-    assert ml.run_microbatch("main_written:1") == -signal.SIGKILL
+    assert ml.run_microbatch("main_written:1", remote=server_url) == -signal.SIGKILL
     assert delta_io.latest_version(lake.table_path(ENRICHED_EVENTS)) == 1  # batch 1's main
-    assert ml.run_microbatch("outputs_written:1") == -signal.SIGKILL
-    assert ml.run_microbatch() == 0
+    assert ml.run_microbatch("outputs_written:1", remote=server_url) == -signal.SIGKILL
+    assert ml.run_microbatch(remote=server_url) == 0
     want = ml.expected_batches(batches, ml.segments_v1(), 10.0)
     _assert_outputs(_outputs(spark, lake), want)
     pipeline = build_pipeline(spark, lake)

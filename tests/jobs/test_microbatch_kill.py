@@ -29,6 +29,7 @@ from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
 from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
+from tests.runs import remote_env
 
 #: a run's bound (a Spark start and a few small batches take well under a minute)
 RUN_TIMEOUT_S = 300
@@ -38,11 +39,11 @@ RUN_TIMEOUT_S = 300
 MAX_KILL_DELAY_S = 0.8
 
 
-def _start(tmp: Path, name: str, *args: str, crash_at: str | None = None
-           ) -> tuple[subprocess.Popen, Path]:
-    env = {k: v for k, v in os.environ.items() if k != "LAKECAST_CRASH_AT"}
-    if crash_at:
-        env["LAKECAST_CRASH_AT"] = crash_at
+def _start(tmp: Path, name: str, *args: str, crash_at: str | None = None,
+           remote: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """The job in a process of its own: with its own Spark (``remote`` None) or as a client
+    of the Spark server at ``remote``."""
+    env = remote_env(remote, **({"LAKECAST_CRASH_AT": crash_at} if crash_at else {}))
     out = tmp / f"{name}.out"
     with out.open("w") as fh:  # a file, not a pipe: a chatty child never blocks on it
         proc = subprocess.Popen(
@@ -62,8 +63,9 @@ def _finish(proc: subprocess.Popen, out: Path) -> int:
     return proc.returncode
 
 
-def _run(tmp: Path, name: str, *args: str, crash_at: str | None = None) -> int:
-    proc, out = _start(tmp, name, *args, crash_at=crash_at)
+def _run(tmp: Path, name: str, *args: str, crash_at: str | None = None,
+         remote: str | None = None) -> int:
+    proc, out = _start(tmp, name, *args, crash_at=crash_at, remote=remote)
     rc = _finish(proc, out)
     assert rc in (0, -signal.SIGKILL), f"{name}: exit {rc}\n{out.read_text()[-4000:]}"
     return rc
@@ -110,7 +112,14 @@ def _upsert(spark, lake, table: str, rows: pd.DataFrame, key: str) -> None:
                           keys=[key])
 
 
-def test_kill_minus_9_at_several_points_then_rerun_is_exactly_once(spark, lake, tmp_path):
+def test_kill_minus_9_at_several_points_then_rerun_is_exactly_once(
+    spark, lake, tmp_path, server_url
+):
+    """The named crash points fall between Spark actions: those runs are clients of the
+    test run's Spark server (no JVM start each), and their kills leave nothing running.
+    The random kill lands anywhere, inside a Spark action too: that run has a JVM of its
+    own, killed with it. The server's warm task state is then older than the lake's
+    progress, which the rerun (a client again) must notice."""
     ml.build(spark, lake)  # dim_products v0, user_segments v0, feature_flags v0 (10 %)
     frames = [ml.events(i * 1000, 40, seed=10 + i) for i in range(3)]
     for f in frames:
@@ -119,21 +128,21 @@ def test_kill_minus_9_at_several_points_then_rerun_is_exactly_once(spark, lake, 
     rng = random.Random(seed)
 
     # batch 0 is planned at the first versions; the job dies after its main output
-    assert _run(tmp_path, "a", crash_at="main_written:0") == -signal.SIGKILL
+    assert _run(tmp_path, "a", crash_at="main_written:0", remote=server_url) == -signal.SIGKILL
     # the broadcast side moves: segments v1 (user 1 VIP -> CHURNING, user 5 VIP), flag 25 %
     _upsert(spark, lake, USER_SEGMENTS,
             pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]}), "user_id")
     flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "25")
     # the redo of batch 0 (with its plan's versions) commits; batch 1 is planned at the new
     # versions and dies after its outputs, before its commit
-    assert _run(tmp_path, "b", crash_at="outputs_written:1") == -signal.SIGKILL
+    assert _run(tmp_path, "b", crash_at="outputs_written:1", remote=server_url) == -signal.SIGKILL
     # segments v2 (user 6 VIP), product 2 costs 22
     _upsert(spark, lake, USER_SEGMENTS,
             pd.DataFrame({"user_id": [6], "segment": ["VIP"]}), "user_id")
     _upsert(spark, lake, DIM_PRODUCTS, ml.products()[lambda d: d.product_id == 2].assign(
         price=22.0), "product_id")
     # one batch and a clean exit: the redo of batch 1, still at its plan's versions
-    assert _run(tmp_path, "c", "--max-batches", "1") == 0
+    assert _run(tmp_path, "c", "--max-batches", "1", remote=server_url) == 0
     flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "50")  # v2
     # batch 2 starts in a new process at the newest versions; killed at a random point in it
     delay = _kill_inside(tmp_path, lake, 2, rng)
@@ -141,7 +150,7 @@ def test_kill_minus_9_at_several_points_then_rerun_is_exactly_once(spark, lake, 
     _upsert(spark, lake, USER_SEGMENTS,
             pd.DataFrame({"user_id": [2], "segment": ["VIP"]}), "user_id")
     flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "75")
-    assert _run(tmp_path, "rerun") == 0  # the rerun finishes the work
+    assert _run(tmp_path, "rerun", remote=server_url) == 0  # the rerun finishes the work
     info = f"random kill seed {seed}, {delay:.2f} s into batch 2"
 
     # the reference: each batch at the versions it planned

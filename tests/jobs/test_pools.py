@@ -59,7 +59,9 @@ def _step_window(instance: DagsterInstance, run_id: str) -> tuple[float, float]:
     return start, end
 
 
-def test_two_ui_launches_of_user_segments_never_write_at_once(spark, lake):
+def test_two_ui_launches_of_user_segments_never_write_at_once(
+    spark, lake, server_url, monkeypatch
+):
     from lakecast.tools import datagen
 
     datagen.generate(spark, lake, SMALL)
@@ -69,6 +71,9 @@ def test_two_ui_launches_of_user_segments_never_write_at_once(spark, lake):
     assert defs.resolve_assets_def(USER_SEGMENTS).op.pool == table_pool(USER_SEGMENTS)
     with DagsterInstance.get() as instance:  # temp DAGSTER_HOME with deploy's dagster.yaml
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+        # the code server and the runs it launches (subprocesses of this process) attach to
+        # the test run's Spark server, as under `make ui`; this process runs no Spark now
+        monkeypatch.setenv("LAKECAST_SPARK_REMOTE", server_url)
         target = WorkspaceFileTarget(paths=[str(WORKSPACE)])
         with WorkspaceProcessContext(instance, target) as context:
             first, second = _launch_asset_job(context, day), _launch_asset_job(context, day)

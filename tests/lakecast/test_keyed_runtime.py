@@ -4,7 +4,6 @@ restore after a kill, rewind to a checkpoint, TTL and schema evolution of Delta 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from tests.lakecast.test_keyed_state import (
     ProfileV2,
     _profile_function,
 )
+from tests.runs import remote_env
 
 THRESHOLDS = [50.0, 50.0, 80.0]  # the broadcast threshold changes before batch 2
 
@@ -71,10 +71,10 @@ def _seed_events(spark, root, batches):
                        paths["events"])
 
 
-def _job(root, crash_at=None, compact_every=None):
-    env = {k: v for k, v in os.environ.items() if k != "LAKECAST_CRASH_AT"}
-    if crash_at:
-        env["LAKECAST_CRASH_AT"] = crash_at
+def _job(root, remote, crash_at=None, compact_every=None):
+    """The keyed job in a subprocess, a client of the Spark server at ``remote`` (the
+    crash points fall between Spark actions: nothing of the job runs on after its kill)."""
+    env = remote_env(remote, **({"LAKECAST_CRASH_AT": crash_at} if crash_at else {}))
     extra = [str(compact_every)] if compact_every else []
     proc = subprocess.run([sys.executable, "-m", "tests.lakecast.keyed_job", root, *extra],
                           cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
@@ -84,29 +84,33 @@ def _job(root, crash_at=None, compact_every=None):
     return proc.returncode
 
 
-def test_keyed_pipeline_killed_between_outputs_and_state_reruns_exactly_once(spark, tmp_path):
+def test_keyed_pipeline_killed_between_outputs_and_state_reruns_exactly_once(
+    spark, tmp_path, server_url
+):
     root = str(tmp_path / "lake")
     _seed_events(spark, root, 3)
     # batch 1 dies after its outputs are written but before its keyed state is; then a
     # redo of batch 1 dies after its state is written but before the batch commits
-    assert _job(root, "outputs_written:1") == -signal.SIGKILL
-    assert _job(root, "state_written:1") == -signal.SIGKILL
-    assert _job(root) == 0
+    assert _job(root, server_url, "outputs_written:1") == -signal.SIGKILL
+    assert _job(root, server_url, "state_written:1") == -signal.SIGKILL
+    assert _job(root, server_url) == 0
     paths = kj.table_paths(root)
     got = kj.rows(delta_io.read(spark, paths["sessions"]).collect())
     want = kj.reference((kj.events_for(b), THRESHOLDS[0]) for b in range(3))
     assert got == sorted(want, key=repr)  # every output exactly once, state carried over
 
 
-def test_keyed_pipeline_killed_right_after_a_compaction_reruns_exactly_once(spark, tmp_path):
+def test_keyed_pipeline_killed_right_after_a_compaction_reruns_exactly_once(
+    spark, tmp_path, server_url
+):
     root = str(tmp_path / "lake")
     _seed_events(spark, root, 3)
     # compact_every=2: batch 1's commit appends, then compacts; it dies right after
-    assert _job(root, "state_written:1", compact_every=2) == -signal.SIGKILL
+    assert _job(root, server_url, "state_written:1", compact_every=2) == -signal.SIGKILL
     history = delta_io.history(spark, kj.table_paths(root)["keyed_state"])
     ops = [json.loads(h["userMetadata"])[TAG]["op"] for h in reversed(history)]
     assert ops == ["append", "append", "compact"]
-    assert _job(root, compact_every=2) == 0
+    assert _job(root, server_url, compact_every=2) == 0
     paths = kj.table_paths(root)
     got = kj.rows(delta_io.read(spark, paths["sessions"]).collect())
     want = kj.reference((kj.events_for(b), THRESHOLDS[0]) for b in range(3))
