@@ -9,7 +9,6 @@ never held).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from lakecast.delta import io as delta_io
 from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
 from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
+from tests.runs import remote_env
 
 COLS = ["event_id", "user_id", "product_category", "product_price", "segment",
         "vip_discount_pct"]
@@ -217,7 +217,7 @@ def test_policy_fail_stops_the_batch_before_anything_is_written(spark, lake):
                     {DIM_PRODUCTS: 2, USER_SEGMENTS: 0, FEATURE_FLAGS: 0})
 
 
-def test_a_table_absent_at_plan_time_stays_absent_in_the_redo(spark, lake):
+def test_a_table_absent_at_plan_time_stays_absent_in_the_redo(spark, lake, server_url):
     """21.6: feature_flags is created between a crash and the redo of the batch."""
     from lakecast.delta.io import write
 
@@ -225,7 +225,8 @@ def test_a_table_absent_at_plan_time_stays_absent_in_the_redo(spark, lake):
     write(spark.createDataFrame(ml.segments_v1()), lake.table_path(USER_SEGMENTS))
     ev = ml.events(0, 40, seed=21)
     ml.write_events(spark, lake, ev)
-    env = {**os.environ, "LAKECAST_CRASH_AT": "planned:0"}
+    # the crashed run: a client of the test run's Spark server, killed after its plan
+    env = remote_env(server_url, LAKECAST_CRASH_AT="planned:0")
     proc = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=600, start_new_session=True)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr

@@ -191,7 +191,8 @@ def test_timeout_zero_sends_held_events_to_unmatched_at_once(spark, lake):
     assert not delta_io.table_exists(lake.table_path(ENRICHMENT_HELD))  # never written
 
 
-def test_redo_after_kill_reoffers_what_the_first_attempt_saw(spark, lake, monkeypatch):
+def test_redo_after_kill_reoffers_what_the_first_attempt_saw(spark, lake, monkeypatch,
+                                                            server_url):
     """kill -9 after batch 1 wrote every output, its new held set included: the redo (by
     this process) reads the held set as of batch 0's commit (not the attempt's), so the
     outputs equal a clean run's."""
@@ -205,7 +206,8 @@ def test_redo_after_kill_reoffers_what_the_first_attempt_saw(spark, lake, monkey
     recorded = first.output_versions[ENRICHMENT_HELD]
     _write_step(spark, settings, 1, steps)
 
-    assert ml.run_microbatch("outputs_written:1") == -signal.SIGKILL
+    # the attempt: a client of the test run's Spark server, killed between Spark actions
+    assert ml.run_microbatch("outputs_written:1", remote=server_url) == -signal.SIGKILL
     path = settings.table_path(ENRICHMENT_HELD)
     assert delta_io.latest_version(path) == recorded + 1  # the attempt's held set landed
     (redo,) = build_pipeline(spark, settings, 1).run()
