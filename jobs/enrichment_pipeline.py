@@ -78,10 +78,11 @@ def build_pipeline(
     """The enrichment pipeline over the lake of ``settings``, built whole
     (:func:`lakecast.build.broadcast_pipeline`).
 
-    ``parallelism``: tasks per batch (events are repartitioned; default: as read) and per
-    checkpoint. ``checkpoint_every``: checkpoint the broadcast state every N committed
-    batches (``None``: never); ``keep_checkpoints``: retention. A cold start restores the
-    state from the newest complete checkpoint (see ``docs/snapshots.md``).
+    ``parallelism``: tasks per batch (events are repartitioned; default:
+    ``settings.parallelism``, ``LAKECAST_PARALLELISM``, else as read) and per checkpoint.
+    ``checkpoint_every``: checkpoint the broadcast state every N committed batches
+    (``None``: never); ``keep_checkpoints``: retention. A cold start restores the state
+    from the newest complete checkpoint (see ``docs/snapshots.md``).
     ``dedup_retention``: how long by event time an accepted ``event_id`` is remembered
     (default: ``settings.dedup_retention``, ``LAKECAST_DEDUP_RETENTION``).
     ``state_budget_bytes``: budget for the state x parallelism (reported per batch).
@@ -99,7 +100,8 @@ def build_pipeline(
         spark, spec,
         StorefrontEnrichment(), table_path=settings.table_path,
         checkpoint_root=settings.checkpoint_root, validator=validate_events,
-        parallelism=parallelism, checkpoint_every=checkpoint_every,
+        parallelism=settings.parallelism if parallelism is None else parallelism,
+        checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, timestamp_column="event_ts",
         function_id=function_id, state_budget_bytes=state_budget_bytes,
     )

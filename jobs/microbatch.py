@@ -92,8 +92,9 @@ class MicroBatchRunConfig(Config):
         default=None, description="Events versions one batch reads at most (default: all "
         "the run processes, in one batch).")
     parallelism: int | None = Field(
-        default=None, description="Tasks per batch (events are repartitioned; default: as "
-        "read). On a cluster, the executors' cores spread the state over every executor.")
+        default=None, description="Tasks per batch (events are repartitioned; default: "
+        "LAKECAST_PARALLELISM, else as read). On a cluster, the executors' cores spread the "
+        "state over every executor.")
     checkpoint_every: int = Field(
         default=DEFAULT_CHECKPOINT_EVERY, description="Checkpoint the broadcast state every "
         "N batches (counted across runs; a cold start restores the newest checkpoint and "

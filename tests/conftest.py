@@ -37,6 +37,23 @@ def spark_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def cluster():
+    """A local Spark standalone cluster for the test run: a master, two workers (1 core
+    each) and its own Lakecast Spark server as driver, on free ports of 127.0.0.1 (not the
+    test run's server). Its clients are Spark Connect tests (marker ``cluster``)."""
+    from lakecast.cluster import Cluster
+    from tests.lakecast.cluster_helpers import free_port
+
+    c = Cluster(get_settings(), port=free_port(span=6), server_port=free_port())
+    try:
+        c.up(workers=2)
+        yield c
+    finally:
+        c.down()
+        assert c.processes() == []
+
+
 @pytest.fixture
 def server_url(spark_server) -> str:
     """The URL of the test run's Lakecast Spark server, for a job run in a subprocess

@@ -21,6 +21,8 @@ and an environment override:
   held until the event's state arrives, before sending it to unmatched:
   ``LAKECAST_HOLD_TIMEOUT`` (``0``: never held past its batch; see
   :mod:`lakecast.pipeline.held`)
+- tasks per micro-batch when a run does not set it: ``LAKECAST_PARALLELISM`` (none: as
+  the events are read; on a cluster, e.g. its executors' cores)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -111,6 +113,8 @@ class Settings:
     dedup_retention: timedelta = DEFAULT_DEDUP_RETENTION
     #: how long by plan time a pipeline retries the events its function held
     hold_timeout: timedelta = DEFAULT_HOLD_TIMEOUT
+    #: tasks per micro-batch when a run does not set it (None: as the events are read)
+    parallelism: int | None = None
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -163,7 +167,18 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         if env.get("LAKECAST_DEDUP_RETENTION") else DEFAULT_DEDUP_RETENTION,
         hold_timeout=parse_duration(env["LAKECAST_HOLD_TIMEOUT"], "LAKECAST_HOLD_TIMEOUT")
         if env.get("LAKECAST_HOLD_TIMEOUT") else DEFAULT_HOLD_TIMEOUT,
+        parallelism=_parallelism(env.get("LAKECAST_PARALLELISM", "")),
     )
+
+
+def _parallelism(value: str) -> int | None:
+    value = value.strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"LAKECAST_PARALLELISM={value!r}: use a whole number of tasks "
+                          f"(1 or more), or leave it empty for as many as the events are read")
+    return int(value)
 
 
 def _remote(value: str) -> str:

@@ -1,9 +1,10 @@
 """The production Dagster stack for real (``python -m deploy.prod_stack``): PostgreSQL,
-``dagster-daemon`` and ``dagster-webserver`` as separate processes on loopback. The
-daemon's ``broadcast_versions_sensor`` triggers ``enrichment_microbatch``; the outputs
-equal the pandas reference; the run and its events are rows of PostgreSQL; every
-listener of the stack (the runs' Spark included) is on 127.0.0.1; ``down`` leaves no
-process behind."""
+``dagster-daemon`` and ``dagster-webserver`` as separate processes on loopback, its runs
+on the test run's local Spark standalone cluster (two workers; the cluster's Lakecast
+Spark server as driver). The daemon's ``broadcast_versions_sensor`` triggers
+``enrichment_microbatch``; the outputs equal the pandas reference; the batches' tasks ran
+on both workers' executors; the run and its events are rows of PostgreSQL; every listener
+of the stack and of the cluster is on 127.0.0.1; ``down`` leaves no process behind."""
 
 from __future__ import annotations
 
@@ -26,15 +27,20 @@ import pytest
 from dagster import DagsterEventType
 
 from deploy.procs import alive, descendants
-from jobs.microbatch import ENRICHMENT
+from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
 from jobs.runs import MICROBATCH_JOB
 from lakecast.config import PROJECT_ROOT, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
+from lakecast.spark import get_spark
 from lakecast.tables import EVENTS
 from tests.jobs import microbatch_lake as ml
+from tests.lakecast import cluster_helpers as ch
 
-pytestmark = [pytest.mark.prodstack, pytest.mark.slow]
+# its runs and this test are Spark Connect clients of the cluster: they run after the
+# in-process Spark tests (tests/conftest.py)
+pytestmark = [pytest.mark.prodstack, pytest.mark.cluster, pytest.mark.connect,
+              pytest.mark.slow]
 
 SENSOR = "broadcast_versions_sensor"
 LOOPBACK = ("127.0.0.1", "[::ffff:127.0.0.1]")
@@ -111,9 +117,10 @@ def test_up_names_what_failed_and_the_fix_and_leaves_nothing(tmp_path, problem):
 
 
 @pytest.fixture(scope="module")
-def stack(spark_server) -> Iterator[StackUnderTest]:
+def stack(cluster) -> Iterator[StackUnderTest]:
     """The stack on free loopback ports, its lake and instance in a fresh folder; its runs
-    attach to the test run's Lakecast Spark server, as production runs attach to theirs."""
+    attach to the cluster's Lakecast Spark server with a task per worker core and more
+    (``LAKECAST_PARALLELISM``), as production runs attach to theirs."""
     # in the system's temp folder, not the clone's var/: the `postgres` OS user must be able
     # to enter every parent folder (a clone may live under a private one), and the Unix
     # socket's path must stay short
@@ -123,7 +130,8 @@ def stack(spark_server) -> Iterator[StackUnderTest]:
            "DAGSTER_PG_PORT": str(_free_port()), "LAKECAST_WEB_PORT": str(_free_port()),
            "LAKECAST_LAKE_ROOT": str(root / "lake"),
            "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
-           "LAKECAST_SENSOR_INTERVAL_SECONDS": "2", "LAKECAST_SPARK_REMOTE": spark_server.url}
+           "LAKECAST_SENSOR_INTERVAL_SECONDS": "2", "LAKECAST_SPARK_REMOTE": cluster.server.url,
+           "LAKECAST_PARALLELISM": "4"}
     t0 = time.monotonic()
     try:
         _cli(env, "up")
@@ -148,6 +156,19 @@ START_SENSOR = """mutation ($name: String!) { startSensor(sensorSelector: {
     ... on PythonError { message } } }"""
 RUNS = """query ($job: String!) { runsOrError(filter: {pipelineName: $job}) {
     ... on Runs { results { runId status } } } }"""
+
+
+MATERIALIZATIONS = """query ($key: AssetKeyInput!) { assetOrError(assetKey: $key) {
+    ... on Asset { assetMaterializations(limit: 100) { metadataEntries {
+    label ... on JsonMetadataEntry { jsonString } } } } } }"""
+
+
+def _executors(url: str) -> set[str]:
+    """The executors named by the ``executors`` metadata of every materialization of
+    ``enriched_events`` (the webserver reads them from PostgreSQL)."""
+    asset = _graphql(url, MATERIALIZATIONS, key={"path": [ENRICHED_EVENTS]})["assetOrError"]
+    return {e for m in asset["assetMaterializations"] for entry in m["metadataEntries"]
+            if entry["label"] == "executors" for e in json.loads(entry["jsonString"])}
 
 
 def _start_sensor(url: str) -> str:
@@ -175,11 +196,14 @@ def _runs(stack: StackUnderTest) -> list[tuple[str, str]]:
                        MICROBATCH_JOB)
 
 
-def test_the_daemons_sensor_runs_the_pipeline_on_postgres(stack, spark, monkeypatch):
-    for var in ("LAKECAST_LAKE_ROOT", "LAKECAST_CHECKPOINT_ROOT"):
+def test_the_daemons_sensor_runs_the_pipeline_on_postgres_and_the_cluster(
+    stack, cluster, monkeypatch
+):
+    for var in ("LAKECAST_LAKE_ROOT", "LAKECAST_CHECKPOINT_ROOT", "LAKECAST_SPARK_REMOTE"):
         monkeypatch.setenv(var, stack.env[var])
     monkeypatch.setenv("DAGSTER_HOME", stack.status["dagster_home"])
     lake = get_settings()
+    spark = get_spark(settings=lake)  # a session of its own on the cluster's server
     assert _start_sensor(stack.url) == "RUNNING"
 
     ml.build(spark, lake)
@@ -205,6 +229,11 @@ def test_the_daemons_sensor_runs_the_pipeline_on_postgres(stack, spark, monkeypa
     assert {s for _, s in runs} == {"SUCCESS"}, runs
 
     ml.assert_exact(spark, lake, frames)
+    # the batches' tasks ran on both workers' executors (per-task accounting, as each
+    # batch's materialization of enriched_events records it; read through the webserver)
+    executors = _executors(stack.url)
+    print(f"executors of the batches' tasks: {sorted(executors)}")
+    assert len(executors) == 2 and "driver" not in executors, executors
 
     # the runs, their tags and their events are rows of PostgreSQL
     for run_id, _ in runs:
@@ -224,6 +253,10 @@ def test_the_daemons_sensor_runs_the_pipeline_on_postgres(stack, spark, monkeypa
     assert all(addr.rsplit(":", 1)[0] in LOOPBACK for addr in local), sorted(seen)
     ports = {int(addr.rsplit(":", 1)[1]) for addr in local}
     assert {stack.status["postgres"]["port"], int(stack.url.rsplit(":", 1)[1])} <= ports
+    # ... nor anything of the cluster: master, workers, its server and executors
+    sockets = ch.listening(cluster.processes())
+    print("listeners of the cluster (ss -ltnp):\n" + "\n".join(ln for _, ln in sockets))
+    assert len(sockets) >= 7 and all(ch.is_loopback(addr) for addr, _ in sockets), sockets
 
 
 def test_down_leaves_no_process_behind(stack):

@@ -26,7 +26,6 @@ from jobs.microbatch import (
     enrichment_microbatch_assets,
 )
 from lakecast.build import broadcast_pipeline
-from lakecast.cluster import Cluster
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.spark import get_spark
@@ -39,18 +38,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.connect, pytest.mark.slow]
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
 COLS = ["event_id", "user_id", "product_category", "product_price", "segment",
         "vip_discount_pct"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A 2-worker cluster and its server on free ports (not the test run's server)."""
-    c = Cluster(get_settings(), port=ch.free_port(span=6), server_port=ch.free_port())
-    try:
-        c.up(workers=2)
-        yield c
-    finally:
-        c.down()
-        assert c.processes() == []
 
 
 @pytest.fixture
@@ -176,7 +163,7 @@ def test_worker_killed_mid_batch_then_restarted_and_a_third_worker(
 def test_a_taken_port_is_a_clear_error(tmp_path, monkeypatch):
     import socket
 
-    from lakecast.cluster import ClusterError
+    from lakecast.cluster import Cluster, ClusterError
 
     monkeypatch.setenv("LAKECAST_HOME", str(tmp_path))
     with socket.socket() as s:

@@ -72,6 +72,17 @@ def test_bad_conf_entry():
         parse_conf_pairs("spark.a=1;nonsense")
 
 
+@pytest.mark.parametrize(("value", "want"), [("", None), ("4", 4), (" 12 ", 12)])
+def test_parallelism_default_of_runs(value, want):
+    assert get_settings({"LAKECAST_PARALLELISM": value}).parallelism == want
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "four", "2.5"])
+def test_bad_parallelism_names_the_variable_and_the_fix(value):
+    with pytest.raises(ConfigError, match=r"LAKECAST_PARALLELISM=.*whole number of tasks"):
+        get_settings({"LAKECAST_PARALLELISM": value})
+
+
 def test_missing_jars_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKECAST_JARS_DIR", str(tmp_path / "nojars"))
     with pytest.raises(SetupError, match="make setup"):

@@ -6,9 +6,10 @@ webserver's log — and show the expected names and numbers:
 
 - the asset graph: its groups (raw, dimensions, segments, microbatch); the lineage of
   ``enriched_events``: events, dim_products, user_segments upstream of it;
-- ``user_segments``, events: the newest partition with its segment_vip and input_rows
-  (the plots of the per-day metadata are not checked: Dagster 1.13's asset page has no
-  Plots toggle on the events tab, nor a ``view=plots`` page; where it shows plots is open);
+- ``user_segments``, events: the newest partition with its segment_vip and input_rows;
+  overview: its Metadata section's Plots toggle (Dagster 1.13 has it there, not on the
+  events tab) plots the per-day metadata by partition (segment_vip, changed_users,
+  input_rows);
 - ``enriched_events``: the batch's events_in and state_budget_bytes; its checks
   (state_budget, broadcast_versions_accepted);
 - ``events`` (observable source): the observed Delta version;
@@ -69,7 +70,7 @@ def _visitor(page: Any, url: str, shots: Any, problems: list[str]) -> Visit:
         responses.clear()
         page.goto(url + path)
         try:
-            if click is not None:  # e.g. the events tab's Table/Plots toggle
+            if click is not None:  # e.g. the overview's Table/Plots toggle
                 page.get_by_text(click, exact=True).first.click(timeout=TIMEOUT_MS)
             wanted = [(t, False) for t in texts] + [(n, True) for n in names]
             for text, exact in wanted:
@@ -122,6 +123,9 @@ def _visit_pages(pw: Any, url: str, d: demo.Demo, shots: Any, problems: list[str
         visit("user_segments", "/assets/user_segments?view=events",
               [d.segments_day], [("segment_vip", str(d.segments["segment_vip"])),
                                  ("input_rows", str(d.segments["input_rows"]))])
+        visit("user_segments plots", "/assets/user_segments",
+              ["When graphing values by partition", "segment_vip", "changed_users",
+               "input_rows"], click="Plots")
         visit("enriched_events", "/assets/enriched_events?view=events",
               names=["enriched_events"], pairs=[("events_in", str(d.batch["events_in"])),
                                                 ("state_budget_bytes", str(100 * 2**20))])
