@@ -160,15 +160,17 @@ RUNS = """query ($job: String!) { runsOrError(filter: {pipelineName: $job}) {
 
 MATERIALIZATIONS = """query ($key: AssetKeyInput!) { assetOrError(assetKey: $key) {
     ... on Asset { assetMaterializations(limit: 100) { metadataEntries {
-    label ... on JsonMetadataEntry { jsonString } } } } } }"""
+    label ... on JsonMetadataEntry { jsonString } ... on IntMetadataEntry { intRepr }
+    } } } } }"""
 
 
-def _executors(url: str) -> set[str]:
-    """The executors named by the ``executors`` metadata of every materialization of
-    ``enriched_events`` (the webserver reads them from PostgreSQL)."""
+def _batch_metadata(url: str, label: str) -> list:
+    """The ``label`` metadata of every materialization of ``enriched_events`` (one per
+    batch; the webserver reads them from PostgreSQL), as JSON values."""
     asset = _graphql(url, MATERIALIZATIONS, key={"path": [ENRICHED_EVENTS]})["assetOrError"]
-    return {e for m in asset["assetMaterializations"] for entry in m["metadataEntries"]
-            if entry["label"] == "executors" for e in json.loads(entry["jsonString"])}
+    return [json.loads(entry.get("jsonString") or entry.get("intRepr") or "null")
+            for m in asset["assetMaterializations"] for entry in m["metadataEntries"]
+            if entry["label"] == label]
 
 
 def _start_sensor(url: str) -> str:
@@ -231,9 +233,11 @@ def test_the_daemons_sensor_runs_the_pipeline_on_postgres_and_the_cluster(
     ml.assert_exact(spark, lake, frames)
     # the batches' tasks ran on both workers' executors (per-task accounting, as each
     # batch's materialization of enriched_events records it; read through the webserver)
-    executors = _executors(stack.url)
+    executors = {e for batch in _batch_metadata(stack.url, "executors") for e in batch}
     print(f"executors of the batches' tasks: {sorted(executors)}")
     assert len(executors) == 2 and "driver" not in executors, executors
+    # with LAKECAST_PARALLELISM's 4 tasks a batch (the sensor's runs set none themselves)
+    assert set(_batch_metadata(stack.url, "parallelism")) == {4}
 
     # the runs, their tags and their events are rows of PostgreSQL
     for run_id, _ in runs:

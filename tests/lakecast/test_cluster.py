@@ -1,8 +1,10 @@
-"""The enrichment job on a local Spark standalone cluster (a master, two workers, the
-Lakecast Spark server as driver, all on 127.0.0.1): outputs equal the pandas reference,
-tasks run on both executors, nothing listens beyond loopback; a worker killed with -9
-in the middle of a batch costs retries, never a duplicate or a missing row; a restarted
-and a third worker take tasks at a higher parallelism."""
+"""The enrichment pipeline on a local Spark standalone cluster (a master, two workers, the
+Lakecast Spark server as driver, all on 127.0.0.1; the test run's ``cluster`` fixture): a
+worker killed with -9 in the middle of a batch costs retries, never a duplicate or a
+missing row; a restarted and a third worker take tasks at a higher parallelism. The
+enrichment job started by the production stack's daemon on this cluster (outputs equal
+the pandas reference, tasks on both executors, every listener on loopback) is
+``tests/deploy/test_prod_stack.py``."""
 
 from __future__ import annotations
 
@@ -14,16 +16,13 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
-from dagster import materialize
 
-from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import validate_events
 from jobs.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
-    enrichment_microbatch_assets,
 )
 from lakecast.build import broadcast_pipeline
 from lakecast.config import get_settings
@@ -57,36 +56,6 @@ def _assert_exact(spark, lake, frames: list[pd.DataFrame]) -> None:
     assert sorted(got[ENRICHMENT_UNMATCHED].event_id) == sorted(want["unmatched"].event_id)
     assert sorted(got[ENRICHMENT_REJECTED].reason) == sorted(want["rejected"].reason)
     assert sum(len(t) for t in got.values()) == sum(len(f) for f in frames)
-
-
-def test_enrichment_microbatch_on_two_workers(cluster, cluster_lake):
-    lake = cluster_lake
-    assert cluster.alive_workers() == 2
-    spark = get_spark(settings=lake)
-    ml.build(spark, lake)
-    frames = [ml.events(i * 1000, 100, seed=20 + i) for i in range(4)]
-    for f in frames:
-        ml.write_events(spark, lake, f)
-
-    res = materialize(
-        [enrichment_microbatch_assets],
-        resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
-        run_config={"ops": {"enrichment_microbatch_assets": {"config": {"parallelism": 4}}}})
-    assert res.success
-    meta = {m.asset_key.to_user_string(): m.materialization.metadata
-            for m in res.get_asset_materialization_events()}
-    assert meta[ENRICHED_EVENTS]["events_in"].value == sum(len(f) for f in frames)
-    _assert_exact(spark, lake, frames)
-    # the per-task accounting rows name both workers' executors
-    assert meta[ENRICHED_EVENTS]["parallelism"].value == 4
-    executors = meta[ENRICHED_EVENTS]["executors"].value
-    assert len(set(executors)) == 2 and "driver" not in executors, executors
-
-    sockets = ch.listening(cluster.processes())
-    print("\n".join(line for _, line in sockets))
-    # master RPC + web UI, 2 x (worker RPC + web UI), the server's gRPC port, the driver
-    assert len(sockets) >= 7
-    assert all(ch.is_loopback(addr) for addr, _ in sockets), sockets
 
 
 def _pipeline(lake, markers: str, delay: float, parallelism: int):

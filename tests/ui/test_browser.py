@@ -8,8 +8,8 @@ webserver's log — and show the expected names and numbers:
   ``enriched_events``: events, dim_products, user_segments upstream of it;
 - ``user_segments``, events: the newest partition with its segment_vip and input_rows;
   overview: its Metadata section's Plots toggle (Dagster 1.13 has it there, not on the
-  events tab) plots the per-day metadata by partition (segment_vip, changed_users,
-  input_rows);
+  events tab) plots the per-day metadata over its materialization events (segment_vip,
+  changed_users, input_rows; the by-partition view of 1.13 shows no plot for this asset);
 - ``enriched_events``: the batch's events_in and state_budget_bytes; its checks
   (state_budget, broadcast_versions_accepted);
 - ``events`` (observable source): the observed Delta version;
@@ -53,10 +53,11 @@ Visit = Callable[..., None]
 
 
 def _visitor(page: Any, url: str, shots: Any, problems: list[str]) -> Visit:
-    """``visit(name, path, texts, pairs, names, click)``: open ``url + path`` (and click
-    ``click``), wait for every text (``names``: exact), and for each ``(key, value)`` a table
-    row holding both, then check that nothing failed; what went wrong goes to ``problems``
-    (every page is visited; a screenshot of each is kept)."""
+    """``visit(name, path, texts, pairs, names, clicks)``: open ``url + path`` (and click
+    the buttons named in ``clicks``, in order), wait for every text (``names``: exact), and
+    for each ``(key, value)`` a table row holding both, then check that nothing failed;
+    what went wrong goes to ``problems`` (every page is visited; a screenshot of each is
+    kept)."""
     from playwright.sync_api import expect
 
     failures: list[str] = []
@@ -65,13 +66,14 @@ def _visitor(page: Any, url: str, shots: Any, problems: list[str]) -> Visit:
     page.on("response", lambda r: responses.append(r) if "/graphql" in r.url else None)
 
     def visit(name: str, path: str, texts: list[str] = (), pairs: list[tuple[str, str]] = (),
-              names: list[str] = (), click: str | None = None) -> None:
+              names: list[str] = (), clicks: tuple[str, ...] = ()) -> None:
         failures.clear()
         responses.clear()
         page.goto(url + path)
         try:
-            if click is not None:  # e.g. the overview's Table/Plots toggle
-                page.get_by_text(click, exact=True).first.click(timeout=TIMEOUT_MS)
+            for click in clicks:  # buttons, in order: e.g. the Metadata section's toggles
+                page.get_by_role("button", name=click, exact=True).first.click(
+                    timeout=TIMEOUT_MS)
             wanted = [(t, False) for t in texts] + [(n, True) for n in names]
             for text, exact in wanted:
                 expect(page.get_by_text(text, exact=exact).first).to_be_visible(
@@ -124,8 +126,8 @@ def _visit_pages(pw: Any, url: str, d: demo.Demo, shots: Any, problems: list[str
               [d.segments_day], [("segment_vip", str(d.segments["segment_vip"])),
                                  ("input_rows", str(d.segments["input_rows"]))])
         visit("user_segments plots", "/assets/user_segments",
-              ["When graphing values by partition", "segment_vip", "changed_users",
-               "input_rows"], click="Plots")
+              names=["segment_vip", "changed_users", "input_rows"],
+              clicks=("Plots", "Events"))
         visit("enriched_events", "/assets/enriched_events?view=events",
               names=["enriched_events"], pairs=[("events_in", str(d.batch["events_in"])),
                                                 ("state_budget_bytes", str(100 * 2**20))])
