@@ -71,9 +71,9 @@ def _visitor(page: Any, url: str, shots: Any, problems: list[str]) -> Visit:
         responses.clear()
         page.goto(url + path)
         try:
-            for click in clicks:  # buttons, in order: e.g. the Metadata section's toggles
-                page.get_by_role("button", name=click, exact=True).first.click(
-                    timeout=TIMEOUT_MS)
+            for click in clicks:  # in order; the last element with the text (the Metadata
+                # section's toggles come after the page's tabs of the same names)
+                page.get_by_text(click, exact=True).last.click(timeout=TIMEOUT_MS)
             wanted = [(t, False) for t in texts] + [(n, True) for n in names]
             for text, exact in wanted:
                 expect(page.get_by_text(text, exact=exact).first).to_be_visible(
