@@ -14,6 +14,8 @@ from assets import BATCH_ASSETS, BATCH_CHECKS
 from assets.raw import RAW_GROUP, events
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.continuous import enrichment_continuous
+from jobs.fraud import FRAUD_PIPELINE
+from jobs.fraud_tables import fraud_rules, transactions
 from jobs.maintenance import INTERNAL_TABLE_SPECS, lake_maintenance, lake_maintenance_job
 from jobs.microbatch import (
     broadcast_versions_accepted,
@@ -53,16 +55,21 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
     description="Every day at 01:00 UTC, segment users for the day that just ended.",
 )
 
+#: pipelines declared through the factory (jobs/factory.py): job, assets, sensor, checks each
+FACTORY_PIPELINES = (FRAUD_PIPELINE,)
+
 # Steps run in the run's process: they share its one Spark session (lakecast.spark.get_spark)
 # instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
     executor=in_process_executor,
-    assets=[*BATCH_ASSETS, events, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS],
-    asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted, state_budget],
+    assets=[*BATCH_ASSETS, events, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS,
+            *(p.assets for p in FACTORY_PIPELINES), fraud_rules, transactions],
+    asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted, state_budget,
+                  *(c for p in FACTORY_PIPELINES for c in p.checks)],
     jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
-          enrichment_continuous, lake_maintenance_job],
+          enrichment_continuous, lake_maintenance_job, *(p.job for p in FACTORY_PIPELINES)],
     schedules=[daily_segment_refresh, lake_maintenance],
-    sensors=[broadcast_versions_sensor],
+    sensors=[broadcast_versions_sensor, *(p.sensor for p in FACTORY_PIPELINES)],
     resources={
         "pyspark": LakecastSparkResource(),
         "lake": LakeResource(),

@@ -9,7 +9,9 @@ never patched afterwards.
   (:class:`~lakecast.delta.validation.VersionGate`);
 * :func:`keyed_pipeline`: a :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction` on
   a :class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime` (keyed state in the spec's
-  ``state_table``, versioned with the outputs).
+  ``state_table``, versioned with the outputs); its table contracts must have the policy
+  ``fail`` (the keyed runtime applies every version's changes, so it cannot skip a refused
+  one): a refused version fails planning, naming table, version and reason.
 
 Both lay their progress log (and snapshots) under ``checkpoint_root/<pipeline name>``.
 """
@@ -72,12 +74,22 @@ def keyed_pipeline(
     validator: Validator | None = None,
     **runtime_options: Any,
 ) -> MicroBatchPipeline:
-    """A keyed pipeline; its keyed state lives in ``spec.state_table``.
+    """A keyed pipeline; its keyed state lives in ``spec.state_table``. Broadcast versions
+    pass the function's table contracts (policy ``fail`` only) before they are planned.
     ``runtime_options`` go to the runtime (``key_groups``, ``timestamp_column``, ...)."""
     if spec.state_table is None:
         raise ValueError(f"{spec.name}: a keyed pipeline needs spec.state_table")
+    contracts = list(function.table_contracts())
+    lenient = [c.table for c in contracts if c.on_invalid != "fail"]
+    if lenient:
+        raise ValueError(
+            f"{spec.name}: the table contracts of {lenient} have on_invalid="
+            "'refuse_and_continue'; a keyed pipeline applies every broadcast version's "
+            "changes to keyed state, so its contracts must declare on_invalid='fail'")
     log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
+    gate = VersionGate(spark, tables, contracts) if contracts else None
     runtime = KeyedBroadcastRuntime(spark, function, tables, table_path(spec.state_table),
                                     **runtime_options)
-    return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator)
+    return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator,
+                              version_gate=gate)

@@ -1,0 +1,130 @@
+"""A pipeline's declaration (no Dagster): its function, tables, parallelism and checkpoint
+policy, and how the engine pipeline is built from it (:mod:`lakecast.build`). The Dagster
+definitions come from :func:`jobs.factory.declare_pipeline`."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lakecast.api.functions import BroadcastProcessFunction
+from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.build import broadcast_pipeline, keyed_pipeline
+from lakecast.config import Settings
+from lakecast.pipeline.dedup import DedupSpec
+from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
+
+__all__ = ["CheckpointPolicy", "PipelineDeclaration"]
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """How state is made durable. Broadcast functions: checkpoint the task-local state
+    every ``every`` committed batches (``None``: never), keep ``keep`` checkpoints. Keyed
+    functions: their state is versioned in Delta with every batch; ``every`` compacts the
+    keyed state table every N batches."""
+
+    every: int | None = 10
+    keep: int | None = 10
+
+
+@dataclass(frozen=True)
+class PipelineDeclaration:
+    """Everything the factory needs to know about one pipeline.
+
+    ``function``: a zero-argument callable (usually the class) returning a
+    :class:`~lakecast.api.functions.BroadcastProcessFunction` or a
+    :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction`. ``side_outputs``: side
+    output name -> table. ``validator`` adds ``_reason`` to invalid events (they go to
+    ``rejected_table``). ``descriptions``: table -> asset description.
+    """
+
+    name: str
+    function: Callable[[], BroadcastProcessFunction]
+    events_table: str
+    broadcast_tables: tuple[str, ...]
+    output_table: str
+    side_outputs: Mapping[str, str] = field(default_factory=dict)
+    rejected_table: str | None = None
+    validator: Validator | None = None
+    parallelism: int | None = None
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    timestamp_column: str | None = None
+    order_columns: tuple[str, ...] = ()
+    key_groups: int = 128
+    dedup: DedupSpec | None = None
+    description: str = ""
+    descriptions: Mapping[str, str] = field(default_factory=dict)
+    group_name: str | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return isinstance(self.function(), KeyedBroadcastProcessFunction)
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.name}_microbatch"
+
+    @property
+    def sensor_name(self) -> str:
+        return f"{self.name}_sensor"
+
+    @property
+    def group(self) -> str:
+        return self.group_name or self.name
+
+    @property
+    def state_table(self) -> str | None:
+        """The keyed state table (keyed functions only)."""
+        return f"{self.name}_keyed_state" if self.keyed else None
+
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        """``(table, count key)`` of every output asset, main output first."""
+        out = [(self.output_table, "enriched")]
+        out += [(table, side) for side, table in self.side_outputs.items()]
+        if self.rejected_table:
+            out.append((self.rejected_table, "rejected"))
+        return out
+
+    def spec(self, max_versions_per_batch: int | None = None) -> PipelineSpec:
+        return PipelineSpec(
+            name=self.name, events_table=self.events_table,
+            broadcast_tables=tuple(self.broadcast_tables), output_table=self.output_table,
+            side_outputs=dict(self.side_outputs), rejected_table=self.rejected_table,
+            max_versions_per_batch=max_versions_per_batch, state_table=self.state_table,
+            dedup=self.dedup)  # fmt: skip
+
+    def build(
+        self,
+        spark: Any,
+        settings: Settings,
+        *,
+        parallelism: int | None = None,
+        max_versions_per_batch: int | None = None,
+    ) -> MicroBatchPipeline:
+        """The engine pipeline over the lake of ``settings`` (:mod:`lakecast.build`)."""
+        function = self.function()
+        common: dict[str, Any] = dict(
+            table_path=settings.table_path, checkpoint_root=settings.checkpoint_root,
+            validator=self.validator, timestamp_column=self.timestamp_column,
+            function_id=self.name)  # fmt: skip
+        spec = self.spec(max_versions_per_batch)
+        tasks = parallelism or self.parallelism
+        if isinstance(function, KeyedBroadcastProcessFunction):
+            options: dict[str, Any] = {
+                "order_columns": self.order_columns,
+                "key_groups": self.key_groups,
+                "parallelism": tasks,
+            }
+            if self.checkpoint.every:
+                options["compact_every"] = self.checkpoint.every
+            return keyed_pipeline(spark, spec, function, **common, **options)
+        return broadcast_pipeline(
+            spark,
+            spec,
+            function,
+            parallelism=tasks,
+            checkpoint_every=self.checkpoint.every,
+            keep_checkpoints=self.checkpoint.keep,
+            **common,
+        )

@@ -1,0 +1,217 @@
+"""The pipeline factory: declare a micro-batch pipeline, get its Dagster definitions.
+
+A :class:`PipelineDeclaration` names a process function (broadcast or keyed), the events
+table, the broadcast tables, the output, side-output and rejected tables, the parallelism
+and the checkpoint policy. :func:`declare_pipeline` turns it into:
+
+* ``<name>_microbatch``: an asset job over one multi-asset whose specs are the output
+  tables, each depending on the events and broadcast tables (lineage in the UI). A run
+  processes the table versions it was requested for (run tag ``lakecast/versions``) and
+  ends; every committed batch becomes a materialization of each output with plottable
+  numbers (:mod:`jobs.factory_metadata`);
+* ``<name>_sensor``: requests a run when the events or a broadcast table has a new Delta
+  version (:mod:`jobs.factory_sensor`);
+* asset checks ``counts_reconcile`` and ``broadcast_versions_accepted``
+  (:mod:`jobs.factory_checks`).
+
+The engine part is :meth:`PipelineDeclaration.build` (:mod:`lakecast.build`); the
+enrichment job (:mod:`jobs.microbatch`) is still wired by hand.
+"""
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import (
+    AssetChecksDefinition,
+    AssetExecutionContext,
+    AssetMaterialization,
+    AssetsDefinition,
+    AssetSpec,
+    Config,
+    Failure,
+    MaterializeResult,
+    SensorDefinition,
+    define_asset_job,
+    multi_asset,
+)
+from pydantic import Field
+
+from assets.resources import LakecastSparkResource, LakeResource
+from jobs.declaration import CheckpointPolicy, PipelineDeclaration
+from jobs.enrichment_pipeline import EXCLUSIVE_TAG
+from jobs.factory_checks import pipeline_checks
+from jobs.factory_metadata import batch_metadata, requested_versions
+from jobs.factory_sensor import pipeline_sensor
+from jobs.runs import QUIET_RUN_LOGS, RUNNING, active_runs
+from lakecast.errors import LakecastError
+from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline
+from lakecast.pipeline.progress import BatchPlan, bounded_versions
+
+__all__ = [
+    "CheckpointPolicy", "PipelineDeclaration", "PipelineDefinitions", "PipelineRunConfig",
+    "declare_pipeline",
+]  # fmt: skip
+
+
+class PipelineRunConfig(Config):
+    """Bounds of one run of a factory-built job (a batch is never cut short)."""
+
+    max_batches: int | None = Field(default=None, description="Stop after this many batches.")
+    max_seconds: float | None = Field(
+        default=600.0, description="Start no batch after this many seconds (None: no limit)."
+    )
+    max_versions_per_batch: int | None = Field(
+        default=None, description="Events versions one batch reads at most."
+    )
+    parallelism: int | None = Field(
+        default=None, description="Tasks per batch (default: the declaration's)."
+    )
+    follow: bool = Field(
+        default=False, description="Also process what commits while the run goes on."
+    )
+
+
+@dataclass(frozen=True)
+class PipelineDefinitions:
+    """What :func:`declare_pipeline` produced; spread it into ``Definitions``."""
+
+    declaration: PipelineDeclaration
+    assets: AssetsDefinition
+    #: the asset job (what ``define_asset_job`` returns)
+    job: Any
+    sensor: SensorDefinition
+    checks: list[AssetChecksDefinition]
+
+
+def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
+    """One spec per output table; each depends on the events and broadcast tables."""
+    deps = [decl.events_table, *decl.broadcast_tables]
+    specs = []
+    for table, key in decl.outputs:
+        default = {
+            "enriched": f"Main output of the {decl.name} pipeline.",
+            "rejected": f"Invalid events of {decl.events_table}, with the reason.",
+        }.get(key, f"Side output {key!r} of the {decl.name} pipeline.")
+        specs.append(
+            AssetSpec(
+                table,
+                deps=[decl.events_table] if key == "rejected" else deps,
+                skippable=True,
+                group_name=decl.group,
+                kinds={"spark", "delta"},
+                description=decl.descriptions.get(table, default),
+            )
+        )
+    return specs
+
+
+def refuse_second_writer(context: AssetExecutionContext, job_name: str) -> None:
+    """Fail (nothing written) when another run of the job is writing."""
+    others = active_runs(context.instance, (job_name,), RUNNING, exclude_run_id=context.run.run_id)
+    if others:
+        raise Failure(
+            description=(
+                f"{job_name} refused: run {others[0].run_id} of it is writing the pipeline's "
+                "tables; one writer at a time. Wait for it to end or terminate it."
+            )
+        )
+
+
+def check_new_broadcast_versions(
+    pipeline: MicroBatchPipeline, until: Mapping[str, int | None] | None
+) -> list[dict]:
+    """Check the broadcast versions a run was requested for against the function's
+    contracts even when no batch runs (a contract with policy ``fail`` raises); returns
+    the refused versions."""
+    gate = pipeline.version_gate
+    if gate is None:
+        return []
+    last, _ = pipeline.log.last_committed()
+    applied = last.broadcast_versions if last is not None else {}
+    events, bvs = pipeline.current_versions()
+    if until is not None:
+        events, bvs = bounded_versions(events, bvs, until, pipeline.spec.events_table, applied)
+    return [r.as_dict() for r in gate.plan(applied, bvs)[1]]
+
+
+def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
+    """The multi-asset that runs the pipeline's micro-batches."""
+
+    @multi_asset(
+        specs=output_specs(decl),
+        name=f"{decl.name}_microbatch_assets",
+        can_subset=False,
+        description=decl.description or None,
+    )
+    def run_microbatches(
+        context: AssetExecutionContext,
+        config: PipelineRunConfig,
+        pyspark: LakecastSparkResource,
+        lake: LakeResource,
+    ) -> Iterator[MaterializeResult]:
+        refuse_second_writer(context, decl.job_name)
+        settings = lake.settings()
+        try:
+            until = None if config.follow else requested_versions(decl, context.run.tags, settings)
+            pipeline = decl.build(
+                pyspark.session_for(decl.name),
+                settings,
+                parallelism=config.parallelism,
+                max_versions_per_batch=config.max_versions_per_batch,
+            )
+            held: list[BatchResult] = []
+
+            def before_batch(plan: BatchPlan) -> None:
+                if held:  # the previous batch is committed: show it now
+                    for asset, meta in batch_metadata(decl, settings, held.pop()).items():
+                        context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
+
+            def on_batch(r: BatchResult) -> None:
+                context.log.info(
+                    f"batch {r.plan.batch_id}: events versions "
+                    f"({r.plan.events_start}, {r.plan.events_end}] state "
+                    f"{r.state_version} counts {r.counts} in {r.seconds:.1f}s"
+                )
+                held.append(r)
+
+            results = pipeline.run(
+                max_batches=config.max_batches,
+                max_seconds=config.max_seconds,
+                until=until,
+                on_batch=on_batch,
+                before_batch=before_batch,
+            )
+            if not results:
+                refused = check_new_broadcast_versions(pipeline, until)
+                for ref in refused:
+                    context.log.warning(
+                        f"refused {ref['table']}@v{ref['version']}: " + "; ".join(ref["reasons"])
+                    )
+                context.log.info(
+                    f"no new events of {decl.events_table} since the last "
+                    f"committed batch (requested: {until}); new broadcast "
+                    "versions apply with the next events"
+                )
+                return
+        except LakecastError as e:  # the reason as the step's failure, not a traceback
+            raise Failure(description=str(e)) from e
+        for asset, meta in batch_metadata(decl, settings, held.pop()).items():
+            meta["run_batches"] = len(results)
+            meta["run_events"] = sum(r.counts["events_in"] for r in results)
+            yield MaterializeResult(asset_key=asset, metadata=meta)
+
+    return run_microbatches
+
+
+def declare_pipeline(decl: PipelineDeclaration) -> PipelineDefinitions:
+    """The job, output assets, sensor and asset checks of ``decl``."""
+    assets = make_assets(decl)
+    job = define_asset_job(
+        decl.job_name,
+        selection=[s.key for s in output_specs(decl)],
+        tags={EXCLUSIVE_TAG: decl.job_name},
+        config=QUIET_RUN_LOGS,
+        description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
+    )
+    return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), pipeline_checks(decl))

@@ -1,0 +1,131 @@
+"""Per-batch Dagster metadata of factory-built pipelines, and the versions a run processes.
+
+Each committed batch is one materialization of every output asset with numbers the UI
+plots per batch: ``events`` (read), ``outputs`` (main output rows), ``side_outputs``
+(all side outputs; ``side_<name>`` each), ``rejected``, ``latency_seconds`` (commit of the
+batch's oldest events version -> commit of its main output), ``lag_versions`` and
+``lag_seconds`` (events versions committed after the batch's range when it was recorded,
+and how long ago the oldest of them committed), ``batch_seconds``, plus ``batch_rows`` and
+``dagster/row_count`` per asset (from the Delta log's statistics, no scan).
+"""
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import MetadataValue
+
+from jobs.declaration import PipelineDeclaration
+from jobs.enrichment_pipeline import VERSIONS_TAG
+from lakecast.config import Settings
+from lakecast.delta import io as delta_io
+from lakecast.errors import LakecastError
+from lakecast.pipeline.micro_batch import BatchResult
+
+__all__ = ["batch_metadata", "commit_seconds", "requested_versions", "table_versions"]
+
+#: engine counts copied into the metadata when present (keyed runtimes add the last two)
+EXTRA_COUNTS = ("processed", "changed_keys", "timers_fired")
+
+
+def table_versions(decl: PipelineDeclaration, settings: Settings) -> dict[str, int | None]:
+    """Newest Delta version of the events table and of each broadcast table (``None``: no
+    table yet), from their ``_delta_log`` listings (no Spark)."""
+    tables = (decl.events_table, *decl.broadcast_tables)
+    return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
+
+
+def requested_versions(
+    decl: PipelineDeclaration, tags: Mapping[str, str], settings: Settings
+) -> dict[str, int | None]:
+    """The versions in the run's ``lakecast/versions`` tag (set by the sensor), else the
+    newest committed when the run starts."""
+    raw = tags.get(VERSIONS_TAG)
+    if not raw:
+        return table_versions(decl, settings)
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise LakecastError(
+            f"run tag {VERSIONS_TAG}={raw!r} is not JSON: {e}; remove the tag "
+            "to process what is committed now"
+        ) from e
+    if not isinstance(value, dict):
+        raise LakecastError(
+            f"run tag {VERSIONS_TAG}={raw!r} is not a JSON object (table -> version)"
+        )
+    return {str(t): None if v is None else int(v) for t, v in value.items()}
+
+
+def commit_seconds(path: str, version: int) -> float | None:
+    """Commit time of ``path@version`` in epoch seconds (``None``: no such commit)."""
+    if version < 0:
+        return None
+    try:
+        return delta_io.commit_info(path, version).timestamp_ms / 1000.0
+    except delta_io.DeltaIOError:
+        return None
+
+
+def lag(
+    decl: PipelineDeclaration, settings: Settings, events_end: int, now: float | None = None
+) -> tuple[int, float]:
+    """Events versions committed after ``events_end`` and the age in seconds of the oldest
+    of them (``(0, 0.0)``: caught up)."""
+    path = settings.table_path(decl.events_table)
+    newest = delta_io.latest_version(path)
+    behind = max(0, (newest if newest is not None else -1) - events_end)
+    if not behind:
+        return 0, 0.0
+    first = commit_seconds(path, events_end + 1)
+    now = time.time() if now is None else now
+    return behind, round(max(0.0, now - first), 3) if first is not None else 0.0
+
+
+def batch_metadata(
+    decl: PipelineDeclaration, settings: Settings, result: BatchResult
+) -> dict[str, dict[str, Any]]:
+    """Metadata of one committed batch, per output asset (see the module docstring)."""
+    plan, counts = result.plan, result.counts
+    events_path = settings.table_path(decl.events_table)
+    oldest = commit_seconds(events_path, max(plan.events_start + 1, 0))
+    written = commit_seconds(
+        settings.table_path(decl.output_table), result.output_versions.get(decl.output_table, -1)
+    )
+    lag_versions, lag_seconds = lag(decl, settings, plan.events_end)
+    sides = {f"side_{s}": int(counts.get(s, 0)) for s in decl.side_outputs}
+    common: dict[str, Any] = {
+        "batch_id": plan.batch_id,
+        "events_start": plan.events_start,
+        "events_end": plan.events_end,
+        "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
+        "events": int(counts.get("events_in", 0)),
+        "outputs": int(counts.get("enriched", 0)),
+        "side_outputs": sum(sides.values()),
+        **sides,
+        "rejected": int(counts.get("rejected", 0)),
+        **{k: int(counts[k]) for k in EXTRA_COUNTS if k in counts},
+        "lag_versions": lag_versions,
+        "lag_seconds": lag_seconds,
+        "batch_seconds": round(result.seconds, 3),
+        "redone": result.redone,
+        "parallelism": result.parallelism,
+        "cold_tasks": result.cold_tasks,
+        "state_bytes_per_task": result.state_bytes_per_task,
+        "refused_versions": MetadataValue.json(list(result.refused_versions)),
+    }
+    if written is not None and oldest is not None:
+        common["latency_seconds"] = round(written - oldest, 3)
+    out: dict[str, dict[str, Any]] = {}
+    for table, key in decl.outputs:
+        meta = dict(common)
+        meta["batch_rows"] = int(counts.get(key, 0))
+        version = result.output_versions.get(table, -1)
+        if version >= 0:
+            meta["delta_version"] = version
+            rows = delta_io.row_count(settings.table_path(table), version)
+            if rows is not None:
+                meta["dagster/row_count"] = rows
+        out[table] = meta
+    return out

@@ -1,0 +1,150 @@
+"""``<name>_sensor``: one run of a factory-built job per new vector of table versions.
+
+Like ``broadcast_versions_sensor`` (:mod:`jobs.sensors`, whose cursor parsing and run keys
+it reuses), each tick reads the newest Delta version of the events table and of every
+broadcast table from their ``_delta_log`` listings (no Spark). The cursor holds the
+versions of the last evaluation. When they moved (or the cursor is unusable) the tick
+reads the pipeline's progress log (pyarrow, no Spark) and requests one run — run key
+derived from the versions, tags ``lakecast/versions`` (what the run processes) and
+``lakecast/exclusive`` — when there is work:
+
+* a batch was planned and not committed (it is redone), or
+* the events table moved past the last committed batch, or
+* a broadcast table has a version newer than the last committed batch applied: the run
+  checks it against the function's table contracts at once (a bad version fails the run,
+  naming table, version and key) and it applies with the next events.
+
+Nothing new: skip. A run of the job still active: skip without advancing the cursor. An
+unchanged tick with a planned, uncommitted batch and no run active requests one redo run
+(``<versions key>-redo-<batch id>``).
+"""
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from jobs.declaration import PipelineDeclaration
+from jobs.enrichment_pipeline import EXCLUSIVE_TAG, VERSIONS_TAG
+from jobs.factory_metadata import table_versions
+from jobs.runs import active_runs
+from jobs.sensors import parse_cursor, run_key_for
+from lakecast.config import Settings, get_settings
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_position
+
+__all__ = ["evaluate", "pending_work", "pipeline_sensor"]
+
+SENSOR_INTERVAL_SECONDS = int(os.environ.get("LAKECAST_SENSOR_INTERVAL_SECONDS", "15"))
+
+Position = tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]
+
+
+def pending_work(
+    decl: PipelineDeclaration, versions: Mapping[str, int | None], position: Position
+) -> str | None:
+    """Why a run has work given the tables' ``versions`` and the progress log ``position``
+    (pending plan, last committed plan, its commit); ``None``: none."""
+    pending, last, _ = position
+    if pending is not None:
+        return f"batch {pending.batch_id} was planned but not committed: redo it"
+    events = versions.get(decl.events_table)
+    done = last.events_end if last is not None else -1
+    if events is not None and events > done:
+        since = f"batch {last.batch_id} (v{done})" if last is not None else "no batch yet"
+        return f"{decl.events_table} is at v{events}; last committed: {since}"
+    applied = last.broadcast_versions if last is not None else {}
+    moved = {
+        t: v
+        for t in decl.broadcast_tables
+        if (v := versions.get(t)) is not None and v > applied.get(t, -1)
+    }
+    if moved:
+        return (
+            f"new broadcast version(s) {moved} (applied: {applied}): checked now, "
+            "applied with the next events"
+        )
+    return None
+
+
+def _cursor(versions: Mapping[str, int | None]) -> str:
+    return json.dumps(versions, sort_keys=True)
+
+
+def evaluate(
+    decl: PipelineDeclaration,
+    job_name: str,
+    context: SensorEvaluationContext,
+    settings: Settings | None = None,
+) -> SensorResult | SkipReason:
+    """One tick of the pipeline's sensor (see the module docstring)."""
+    settings = settings or get_settings()
+    versions = table_versions(decl, settings)
+    if versions.get(decl.events_table) is None:
+        return SkipReason(f"no events table yet ({decl.events_table})")
+    previous = parse_cursor(context.cursor, versions)
+    unchanged = previous == versions
+    active = active_runs(context.instance, (job_name,))
+    if active:
+        return SkipReason(
+            f"run {active[0].run_id} of {job_name} is still active; new "
+            "versions will be picked up after it"
+        )
+    log_path = progress_path(settings.checkpoint_root, decl.name)
+    tags = {EXCLUSIVE_TAG: job_name, VERSIONS_TAG: _cursor(versions)}
+    try:
+        position: Position | None = read_position(log_path)
+    except delta_io.DirectReadUnsupported:
+        position = None
+    if unchanged:  # no table moved; a run killed mid-batch still needs its batch redone
+        pending = position[0] if position is not None else None
+        if pending is None:
+            return SkipReason(f"no new Delta versions: {versions}")
+        return SensorResult(
+            run_requests=[
+                RunRequest(run_key=f"{run_key_for(versions)}-redo-{pending.batch_id}", tags=tags)
+            ]
+        )
+    reason = (
+        f"progress log {log_path} not readable without Spark"
+        if position is None
+        else pending_work(decl, versions, position)
+    )
+    if reason is None:
+        return SensorResult(
+            skip_reason=f"no work: the last committed batch covers {versions}",
+            cursor=_cursor(versions),
+        )
+    context.log.info(f"{decl.job_name}: {reason}")
+    return SensorResult(
+        run_requests=[RunRequest(run_key=run_key_for(versions), tags=tags)],
+        cursor=_cursor(versions),
+    )
+
+
+def pipeline_sensor(decl: PipelineDeclaration, job: Any) -> SensorDefinition:
+    """The sensor that starts ``job`` (the pipeline's micro-batch job)."""
+
+    @sensor(
+        name=decl.sensor_name,
+        job=job,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Requests one {job.name} run when {decl.events_table} or a broadcast "
+        f"table ({', '.join(decl.broadcast_tables)}) has a new Delta version "
+        "(or a crashed batch must be redone).",
+    )
+    def pipeline_versions_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        return evaluate(decl, job.name, context)
+
+    return pipeline_versions_sensor

@@ -1,0 +1,114 @@
+"""The pipeline factory without Spark: what a declaration produces (broadcast and keyed),
+the sensor's work decision, and the fraud rules contract on bad rules versions."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from dagster import AssetKey
+
+from jobs.declaration import PipelineDeclaration
+from jobs.factory import declare_pipeline, output_specs
+from jobs.factory_sensor import pending_work
+from jobs.fraud import FRAUD, RULES_CONTRACT, FraudRules
+from lakecast.api.contracts import TableContract, check_version
+from lakecast.api.enrich import Lookup, enrich
+from lakecast.build import keyed_pipeline
+from lakecast.pipeline.progress import BatchPlan
+
+
+def storefront_lookup():
+    return enrich(Lookup("dim_products", key="product_id", columns=["category"]))
+
+
+BROADCAST = PipelineDeclaration(
+    name="shop",
+    function=storefront_lookup,
+    events_table="clicks",
+    broadcast_tables=("dim_products",),
+    output_table="shop_enriched",
+    side_outputs={"unmatched": "shop_unmatched"},
+)
+
+
+def test_a_broadcast_declaration_gives_job_assets_sensor_and_checks():
+    assert not BROADCAST.keyed and BROADCAST.state_table is None
+    assert BROADCAST.spec().output_tables == ["shop_enriched", "shop_unmatched"]
+    made = declare_pipeline(BROADCAST)
+    assert (made.job.name, made.sensor.name) == ("shop_microbatch", "shop_sensor")
+    assert made.sensor.job_name == "shop_microbatch"
+    deps = {
+        s.key.to_user_string(): {d.asset_key.to_user_string() for d in s.deps}
+        for s in output_specs(BROADCAST)
+    }
+    assert deps == {
+        "shop_enriched": {"clicks", "dim_products"},
+        "shop_unmatched": {"clicks", "dim_products"},
+    }
+    assert set(made.assets.keys) == {AssetKey("shop_enriched"), AssetKey("shop_unmatched")}
+    assert {c.name for checks in made.checks for c in checks.check_specs} == {
+        "counts_reconcile",
+        "broadcast_versions_accepted",
+    }
+
+
+def test_the_fraud_declaration_is_keyed_with_a_state_table():
+    assert FRAUD.keyed and FRAUD.state_table == "fraud_keyed_state"
+    spec = FRAUD.spec()
+    assert spec.output_tables == ["fraud_alerts", "fraud_review", "fraud_rejected",
+                                  "fraud_keyed_state"]  # fmt: skip
+    assert FRAUD.outputs == [
+        ("fraud_alerts", "enriched"),
+        ("fraud_review", "review"),
+        ("fraud_rejected", "rejected"),
+    ]
+
+
+def test_a_keyed_pipeline_refuses_contracts_it_cannot_honour():
+    class Lenient(FraudRules):
+        def table_contracts(self):
+            return [TableContract("fraud_rules", ("rule_id",))]  # refuse_and_continue
+
+    with pytest.raises(ValueError, match="on_invalid='fail'"):
+        keyed_pipeline(None, FRAUD.spec(), Lenient(), table_path=str, checkpoint_root="/x")
+
+
+def plan(batch_id: int, end: int, rules: int) -> BatchPlan:
+    return BatchPlan(batch_id, end - 1, end, {"fraud_rules": rules})
+
+
+def test_sensor_work_new_events_new_rules_version_redo_or_nothing():
+    last = plan(0, 3, 1)
+    versions = {"transactions": 3, "fraud_rules": 1}
+    assert pending_work(FRAUD, versions, (None, last, None)) is None
+    moved = pending_work(FRAUD, {**versions, "fraud_rules": 2}, (None, last, None))
+    assert moved is not None and "fraud_rules" in moved
+    events = pending_work(FRAUD, {**versions, "transactions": 4}, (None, last, None))
+    assert events is not None and "transactions is at v4" in events
+    redo = pending_work(FRAUD, versions, (plan(1, 4, 1), last, None))
+    assert redo is not None and "batch 1" in redo
+    assert pending_work(FRAUD, versions, (None, None, None)) is not None  # nothing run yet
+
+
+RULE = {"rule_id": "r1", "small_below": 1.0, "large_above": 500.0, "window_ms": 60_000,
+        "action": "BLOCK", "enabled": True}  # fmt: skip
+
+
+def reasons(rows: list[dict], version: int = 7) -> list[str]:
+    table = pa.Table.from_pylist(rows)
+    return check_version(RULES_CONTRACT, table, table.schema, version)
+
+
+def test_bad_rules_versions_are_refused_naming_table_version_and_key():
+    assert reasons([RULE, {**RULE, "rule_id": "r2", "action": "REVIEW"}]) == []
+    (dup,) = reasons([RULE, RULE])
+    assert "fraud_rules@v7" in dup and "rule_id='r1'" in dup
+    (null,) = reasons([RULE, {**RULE, "rule_id": None}])
+    assert "fraud_rules@v7" in null and "null key (rule_id)" in null
+    (action,) = reasons([{**RULE, "action": "ALLOW"}])
+    assert "rule_id='r1'" in action and "action='ALLOW'" in action
+    (window,) = reasons([{**RULE, "window_ms": 0, "enabled": None}])
+    assert "window_ms=0" in window and "enabled" in window
+    missing = {k: v for k, v in RULE.items() if k != "enabled"}
+    (gone,) = reasons([missing])
+    assert "fraud_rules@v7" in gone and "'enabled'" in gone
