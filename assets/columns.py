@@ -51,6 +51,22 @@ _ENRICHMENT: tuple[Column, ...] = (
                                  "enriched the row (lineage; time travel reproduces it)."),
 )  # fmt: skip
 
+#: alerts of the fraud pipeline (jobs/fraud.py): BLOCK alerts and REVIEW alerts alike
+_FRAUD_ALERT: tuple[Column, ...] = (
+    ("rule_id", "string", "The fraud_rules rule that fired."),
+    ("user_id", "string", "The user whose transactions fired it (the pipeline's key)."),
+    ("small_tx_id", "bigint", "The small transaction (amount < small_below) that armed "
+                              "the rule."),
+    ("large_tx_id", "bigint", "The large transaction (amount > large_above, within "
+                              "window_ms, at a merchant new to the user) that fired it."),
+    ("merchant", "string", "Merchant of the large transaction."),
+    ("amount", "double", "Amount of the large transaction."),
+    ("ts", "bigint", "Event time of the large transaction (epoch ms, UTC)."),
+    ("_state_version", "string", "JSON {table: Delta version} of the fraud_rules version "
+                                 "the alert's batch applied (lineage; time travel "
+                                 "reproduces it)."),
+)  # fmt: skip
+
 COLUMNS: dict[str, tuple[Column, ...]] = {
     RAW_USERS: (
         ("user_id", "bigint", "User id (null in malformed rows)."),
@@ -115,6 +131,36 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
                              "duplicate_event_id)."),
         ("raw_record", "string", "The raw event as JSON."),
         ("batch_id", "int", "The micro-batch that read it (enrichment progress log)."),
+    ),
+    # the fraud pipeline (jobs/fraud.py: declared through jobs/factory.py) and its inputs
+    "fraud_rules": (
+        ("rule_id", "string", "Rule id, one row per rule (the broadcast state's key)."),
+        ("small_below", "double", "A transaction below this amount is small: it arms the "
+                                  "rule for its user."),
+        ("large_above", "double", "A transaction above this amount fires an armed rule "
+                                  "(within window_ms, at a merchant new to the user)."),
+        ("window_ms", "bigint", "How long a small transaction keeps the rule armed (event "
+                                "time, ms, > 0)."),
+        ("action", "string", "BLOCK (alerts go to fraud_alerts) or REVIEW (fraud_review)."),
+        ("enabled", "boolean", "false: the rule does not fire and its armed flags are "
+                               "dropped, until a version enables it again."),
+    ),
+    "transactions": (
+        ("tx_id", "bigint", "Transaction id (a second copy within a batch is rejected)."),
+        ("user_id", "string", "The paying user: the fraud pipeline's key (null: rejected)."),
+        ("amount", "double", "Amount paid (null, NaN or negative: rejected)."),
+        ("merchant", "string", "Where it was paid (null: rejected)."),
+        ("ts", "bigint", "When it happened: event time, epoch ms, UTC (null: rejected)."),
+    ),
+    "fraud_alerts": _FRAUD_ALERT,
+    "fraud_review": _FRAUD_ALERT,
+    "fraud_rejected": (
+        ("reason", "string", "Why the transaction was rejected: null_tx_id, null_user_id, "
+                             "null_merchant, null_ts, nan_amount, negative_amount or "
+                             "duplicate_tx_id."),
+        ("raw_record", "string", "The raw transaction as JSON."),
+        ("batch_id", "int", "The micro-batch that read it (the fraud pipeline's progress "
+                            "log)."),
     ),
     # the pipeline's own tables (assets of the maintenance job: jobs/maintenance.py)
     "enrichment_progress": (

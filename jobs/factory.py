@@ -37,6 +37,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.columns import COLUMNS, column_metadata
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.declaration import CheckpointPolicy, PipelineDeclaration
 from jobs.enrichment_pipeline import EXCLUSIVE_TAG
@@ -85,7 +86,8 @@ class PipelineDefinitions:
 
 
 def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
-    """One spec per output table; each depends on the events and broadcast tables."""
+    """One spec per output table; each depends on the events and broadcast tables and
+    declares its columns when :data:`assets.columns.COLUMNS` lists the table."""
     deps = [decl.events_table, *decl.broadcast_tables]
     specs = []
     for table, key in decl.outputs:
@@ -101,6 +103,8 @@ def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
                 group_name=decl.group,
                 kinds={"spark", "delta"},
                 description=decl.descriptions.get(table, default),
+                # the columns the UI shows before the first batch (assets/columns.py)
+                metadata=column_metadata(table) if table in COLUMNS else None,
             )
         )
     return specs

@@ -16,6 +16,7 @@ from typing import Any
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
+from assets.columns import COLUMN_SCHEMA, column_metadata, describe
 from assets.resources import LakecastSparkResource, LakeResource
 from examples.common import write_table_version
 from examples.fraud_detection import MINUTE
@@ -127,6 +128,7 @@ class TransactionsConfig(Config):
     kinds={"spark", "delta"},
     description="Broadcast table of the fraud pipeline: rule_id, small_below, "
     "large_above, window_ms, action (BLOCK/REVIEW), enabled.",
+    metadata=column_metadata(FRAUD_RULES),
 )
 def fraud_rules(
     context: AssetExecutionContext,
@@ -142,12 +144,14 @@ def fraud_rules(
             f"{[r['rule_id'] for r in DEMO_RULES]}"
         )
     rows = [{**r, "enabled": r["rule_id"] not in config.disabled} for r in DEMO_RULES]
-    version = write_rules(pyspark.spark_session, lake.table_path(FRAUD_RULES), rows)
+    spark, path = pyspark.spark_session, lake.table_path(FRAUD_RULES)
+    version = write_rules(spark, path, rows)
     return MaterializeResult(
         metadata={
             "delta_version": version,
             "dagster/row_count": len(rows),
             "enabled": sum(r["enabled"] for r in rows),
+            COLUMN_SCHEMA: describe(delta_io.read(spark, path).schema, FRAUD_RULES),
         }
     )
 
@@ -158,6 +162,7 @@ def fraud_rules(
     kinds={"spark", "delta"},
     description="Events table of the fraud pipeline (append-only): tx_id, user_id, "
     "amount, merchant, ts (epoch ms). The demo asset appends generated rows.",
+    metadata=column_metadata(TRANSACTIONS),
 )
 def transactions(
     context: AssetExecutionContext,
@@ -176,4 +181,7 @@ def transactions(
         first, start = (top[0] or -1) + 1, top[1] or 0
     rows = demo_transactions(config.seed + (version or 0), config.count, first, start)
     new = append_transactions(spark, path, rows)
-    return MaterializeResult(metadata={"delta_version": new, "appended": len(rows)})
+    schema = describe(delta_io.read(spark, path).schema, TRANSACTIONS)
+    return MaterializeResult(
+        metadata={"delta_version": new, "appended": len(rows), COLUMN_SCHEMA: schema}
+    )

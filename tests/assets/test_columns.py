@@ -7,7 +7,7 @@ from dagster import AssetKey
 from assets.columns import COLUMN_SCHEMA, COLUMNS
 from jobs.definitions import defs
 from lakecast.delta import io as delta_io
-from tests.assets.conftest import DIMS, SEGMENTS, SMALL, run_assets
+from tests.assets.conftest import DIMS, QUIET, SEGMENTS, SMALL, run_assets
 
 
 def _declared() -> dict[str, list[tuple[str, str, str | None]]]:
@@ -40,6 +40,27 @@ def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
 
 
+def _fraud_tables():
+    """The fraud pipeline's tables (jobs/fraud.py): its demo inputs materialized, then one
+    run of its job (in-process, on the test run's Spark session); the inputs' result."""
+    from dagster import DagsterInstance, materialize
+
+    from assets.resources import LakecastSparkResource, LakeResource
+    from jobs.fraud import FRAUD
+    from jobs.fraud_tables import fraud_rules, transactions
+
+    inputs = materialize(
+        [fraud_rules, transactions],
+        resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
+        run_config={**QUIET, "ops": {"transactions": {"config": {"count": 40}}}},
+    )
+    assert inputs.success
+    with DagsterInstance.ephemeral() as instance:
+        run = defs.resolve_job_def(FRAUD.job_name).execute_in_process(instance=instance)
+    assert run.success
+    return inputs
+
+
 def test_declared_columns_match_the_tables_and_materializations(spark, small_lake):
     from jobs.microbatch import build_pipeline
     from lakecast.tools import flags
@@ -49,6 +70,7 @@ def test_declared_columns_match_the_tables_and_materializations(spark, small_lak
     segs = run_assets(SEGMENTS, partition_range=(SMALL.day_keys[0], SMALL.day_keys[-1]))
     flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "10")
     build_pipeline(spark, lake).run()
+    fraud_inputs = _fraud_tables()
 
     declared = _declared()
     mismatches = {}
@@ -59,7 +81,7 @@ def test_declared_columns_match_the_tables_and_materializations(spark, small_lak
     assert not mismatches, mismatches
 
     # materializations report the table's schema with the same descriptions
-    for result in (dims, segs):
+    for result in (dims, segs, fraud_inputs):
         for event in result.get_asset_materialization_events():
             table = event.asset_key.to_user_string()
             schema = event.materialization.metadata[COLUMN_SCHEMA].schema
