@@ -40,6 +40,12 @@ from jobs.fraud_tables import (
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.runtime.executor import VERSION_COLUMN
+from tests.assets.conftest import QUIET
+from tests.assets.test_columns import (
+    FRAUD_TABLES,
+    assert_materializations_report_declared_columns,
+    column_mismatches,
+)
 
 Row = dict[str, Any]
 CARD_TEST = rule("card_test", 1.0, 500.0, MINUTE, "BLOCK")
@@ -206,6 +212,28 @@ def test_fraud_job_over_three_rules_versions_matches_the_reference(spark, lake):
         newest, refused = newest_versions_refused(FRAUD, lake)
         assert newest == {FRAUD_RULES: 3} and [r["version"] for r in refused] == [3]
         assert counts_reconcile(FRAUD, lake)[0]
+
+    # every table of the pipeline has the columns assets/columns.py declares for it
+    assert not column_mismatches(spark, lake, FRAUD_TABLES)
+
+
+def test_demo_fraud_assets_write_and_report_their_declared_columns(spark, lake):
+    """The demo's input assets (jobs/fraud_tables.py), materialized through Dagster: their
+    Delta tables and their materializations' column schemas are the declared ones."""
+    from dagster import materialize
+
+    from assets.resources import LakecastSparkResource, LakeResource
+    from jobs.fraud_tables import fraud_rules, transactions
+
+    result = materialize(
+        [fraud_rules, transactions],
+        resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
+        run_config={**QUIET, "ops": {"transactions": {"config": {"count": 40}}}},
+    )
+    assert result.success
+    assert len(rows(spark, lake, TRANSACTIONS)) > 0 and len(rows(spark, lake, FRAUD_RULES)) > 0
+    assert not column_mismatches(spark, lake, [FRAUD_RULES, TRANSACTIONS])
+    assert_materializations_report_declared_columns(result)
 
 
 def test_definitions_hold_the_fraud_pipeline():
