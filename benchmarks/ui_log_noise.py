@@ -12,7 +12,8 @@ producer start their own Spark instead, as a plain ``dagster dev`` does). It wai
 (<= 2 min) for the last run, stops both, and counts the lines ``dagster dev`` printed
 (stdout and stderr, from its start until it was stopped), listing every line that says
 WARN or warning, and the most frequent kinds of line. Target: fewer than 60 lines and
-no WARN or warning in 20 minutes.
+no WARN or warning in 20 minutes. The Spark server's log (a file, not the terminal) is
+reported beside it: its lines and WARN lines during the same window.
 
 Everything listens on 127.0.0.1; the run is bounded (``--minutes`` + ~10 min). Run it
 alone on the machine (through spark-lock). JSON goes to ``benchmarks/results/ui_log_noise.json``.
@@ -70,8 +71,10 @@ def _wait_for_runs(dagster_home: Path, timeout: float) -> bool:
     return True
 
 
-def _run(args: argparse.Namespace, root: Path, url: str) -> dict[str, Any]:
-    """Build and catch up the lake, then dagster dev + producer for ``--minutes``."""
+def _run(args: argparse.Namespace, root: Path, server: Any) -> dict[str, Any]:
+    """Build and catch up the lake, then dagster dev + producer for ``--minutes``; also
+    the WARN lines the Spark server (where the runs' Spark work happens) logged meanwhile."""
+    url = server.url
     env = bench_env(root, url, args.interval)
     os.environ.update(env)
     if args.in_process:  # dagster dev's runs and the producer: Spark in their own process
@@ -83,6 +86,8 @@ def _run(args: argparse.Namespace, root: Path, url: str) -> dict[str, Any]:
     print(f"lake built and caught up in {time.monotonic() - t0:.0f}s; starting dagster dev",
           flush=True)
     log = root / "sensor.log"  # start_consumer's log of dagster dev (stdout + stderr)
+    server_log = Path(server.log_file)
+    server_offset = server_log.stat().st_size if server_log.exists() else 0
     dev = start_consumer("sensor", root, env, args.port)
     producer: subprocess.Popen | None = None
     caught_up = False
@@ -108,6 +113,9 @@ def _run(args: argparse.Namespace, root: Path, url: str) -> dict[str, Any]:
             stop_group(producer, timeout=30)
         caught_up = _wait_for_runs(root / "dagster_home", LAST_RUN_WAIT_S)
         printed = log.read_text(errors="replace").splitlines()
+        with open(server_log, "rb") as f:
+            f.seek(server_offset)
+            server_lines = f.read().decode(errors="replace").splitlines()
     finally:
         if producer is not None and producer.poll() is None:
             stop_group(producer, timeout=30)
@@ -117,6 +125,9 @@ def _run(args: argparse.Namespace, root: Path, url: str) -> dict[str, Any]:
             "rate": args.rate,
             "sensor_interval_s": args.interval, "last_run_finished": caught_up,
             **noise(printed), "shutdown_lines": shutdown,
+            # not on the operator's terminal (the server logs to a file), reported anyway
+            "server_log": {"file": str(server_log), "lines": len(server_lines),
+                           "warn_lines": [ln for ln in server_lines if " WARN " in ln][:50]},
             "producer_commits": sum("events v" in ln for ln in
                                     (root / "producer.log").read_text().splitlines())}
 
@@ -137,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root)
     dagster_home(root)
     with project_server() as server:
-        result = _run(args, root, server.url)
+        result = _run(args, root, server)
     result["lines_per_minute"] = round(result["lines"] / args.minutes, 2)
     # the target is for 20 minutes (start-up lines included); a shorter run only reports
     result["target_met"] = (result["lines"] < 60 and not result["warning_lines"]
