@@ -1,18 +1,27 @@
 """30-minute soak of the sensor path with kills: a commit every 10 s, a run killed every ~5 min.
 
 ``python -m benchmarks.soak [--minutes 30] [--every 10] [--events 1500] [--kill-every 300]
-[--flag-every 300] [--interval 15] [--port 3335] [--scale 0.5] [--root var/bench/soak]``
+[--flag-every 100] [--maintain-every 10] [--tx 200] [--interval 15] [--port 3335]
+[--scale 0.5] [--root var/bench/soak]``
 
 Builds a demo lake on the Lakecast Spark server (started if none runs, stopped at the end
 only then), catches it up, starts ``dagster dev`` (``broadcast_versions_sensor`` every
-``--interval`` s); then for ``--minutes``: an events commit every ``--every`` s, a
-``feature_flags`` version every ``--flag-every`` s, and every ``--kill-every`` s a ``kill -9``
+``--interval`` s; ``fraud_sensor`` too; ``lake_maintenance`` scheduled every
+``--maintain-every`` min); then for ``--minutes``: an events commit and a ``--tx``
+transactions commit (the keyed fraud pipeline) every ``--every`` s, a broadcast change
+every ``--flag-every`` s (in turn: ``feature_flags``, ``dim_products`` through
+``dimension_refresh_job``, the next ``user_segments`` partition day through Dagster; see
+:mod:`benchmarks.soak_parts`), and every ``--kill-every`` s a ``kill -9``
 of the STARTED ``enrichment_microbatch`` run's process tree (pid from its engine event).
+Each minute: keyed state keys/bytes, snapshot table and checkpoint root bytes, the Spark
+server JVM's and its Python workers' RSS (max and slope reported).
 It waits (<= 5 min) for a run to catch up the last version, stops ``dagster dev`` and checks:
 runs not killed succeeded within ``max_seconds`` + 60 s; one materialization of each output
 per committed batch; events in == rows of the three outputs, each event_id as often out as
 in; RSS of dagster dev (runs aside) and of the Spark server flat (median of the last third
-of the samples vs the middle third).
+of the samples vs the middle third); every enriched row equals the broadcast tables at
+its ``_state_version``; the maintenance runs succeeded; restoring the newest checkpoint
+and catching up gives the same outputs.
 
 Everything listens on 127.0.0.1; the whole soak is bounded (``--minutes`` + 15 min). Run
 it alone on the machine (through spark-lock). JSON goes to ``benchmarks/results/soak.json``.
@@ -37,6 +46,15 @@ from typing import Any
 from benchmarks.common import dagster_home, save_result
 from benchmarks.freshness import consumer_ready, project_server, start_consumer, stop_group
 from benchmarks.sensor_freshness import bench_env, build_lake
+from benchmarks.soak_parts import (
+    BroadcastChanges,
+    FraudFeed,
+    check_lineage,
+    check_restore,
+    maintenance_runs,
+    minute_sample,
+    series,
+)
 from lakecast.config import PROJECT_ROOT, get_settings
 
 SLACK_S = 60.0  # one batch past a run's max_seconds
@@ -148,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=10.0, help="s between events commits")
     parser.add_argument("--events", type=int, default=1500)
     parser.add_argument("--kill-every", type=float, default=300.0)
-    parser.add_argument("--flag-every", type=float, default=300.0)
+    parser.add_argument("--flag-every", type=float, default=100.0,
+                        help="s between broadcast changes (flag, dim_products, segments)")
+    parser.add_argument("--maintain-every", type=int, default=10,
+                        help="lake_maintenance schedule period (min)")
+    parser.add_argument("--tx", type=int, default=200, help="transactions per fraud commit")
     parser.add_argument("--interval", type=int, default=15, help="sensor interval (s)")
     parser.add_argument("--port", type=int, default=3335, help="dagster webserver port")
     parser.add_argument("--scale", type=float, default=0.5)
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "soak"))
     args = parser.parse_args(argv)
-
 
     hard = time.monotonic() + (args.minutes + 15) * 60  # the phases end by then
     signal.signal(signal.SIGALRM, _past_deadline)  # backstop: clean up if one hangs
@@ -171,27 +192,33 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     from jobs.runs import MICROBATCH_JOB, active_runs
     from lakecast.pipeline.progress import progress_path
     from lakecast.spark import get_spark
-    from lakecast.tools import flags, producer
+    from lakecast.tools import datagen, producer
 
     root = Path(args.root)
     dagster_home(root)
-    env = bench_env(root, server.url, args.interval)
+    env = {**bench_env(root, server.url, args.interval),
+           "LAKECAST_MAINTENANCE_CRON": f"*/{args.maintain_every} * * * *"}
     os.environ.update(env)
     settings = get_settings()
     build_lake(args.scale)
+    spark = get_spark(settings=settings)
+    fraud = FraudFeed(spark, settings)
+    last_day = datagen.GenSpec(scale=args.scale, seed=datagen.DEFAULT_SEED).day_keys[-1]
+    changes = BroadcastChanges(spark, settings, env, last_day)
     subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
     log = progress_path(settings.checkpoint_root, ENRICHMENT.name)
     first = max(_committed(log, -1), default=-1)  # the catch-up's last batch
     print(f"lake built and caught up (batch {first}); starting dagster dev", flush=True)
-    rec: dict[str, Any] = {"commits": [], "flags": [], "kills": [], "kills_skipped": [],
-                           "samples": [], "caught_up": False}
+    rec: dict[str, Any] = {"commits": [], "broadcast_changes": changes.done, "kills": [],
+                           "kills_skipped": [], "samples": [], "minute": [],
+                           "fraud_commits": fraud.commits, "caught_up": False}
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - t0:7.1f}s] {msg}", flush=True)
 
-    pool = ThreadPoolExecutor(max_workers=1)  # Spark writes, off the loop that kills
+    pool = ThreadPoolExecutor(max_workers=2)  # Spark writes, off the loop that kills
     dev = start_consumer("sensor", root, env, args.port)  # dagster dev; its log: <root>/sensor.log
     try:
         while not consumer_ready("sensor", root):
@@ -199,34 +226,32 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
                 raise RuntimeError(f"dagster dev did not serve; see {root / 'sensor.log'}")
             time.sleep(0.5)
         with DagsterInstance.from_config(str(root / "dagster_home")) as instance:
-            spark = get_spark(settings=settings)
-
             def commit() -> None:
                 res = producer.append_events(spark, settings, args.events,
                                              seed=7000 + len(rec["commits"]))
                 rec["commits"].append({"version": res.version, "rows": res.rows})
                 say(f"commit {len(rec['commits'])}: events v{res.version} ({res.rows} rows)")
 
-            def flag() -> None:
-                value = str(10 + (len(rec["flags"]) + 1) % 10)
-                m = flags.set_flag(spark, settings.table_path("feature_flags"),
-                                   "vip_discount", value)
-                rec["flags"].append({"value": value, "version": m.version})
-                say(f"flag vip_discount={value}: feature_flags v{m.version}")
+                c = fraud.commit(args.tx)
+                say(f"transactions v{c['version']} ({c['rows']} rows)")
+
+            def flag() -> None:  # a broadcast change: flag, dim_products, user_segments
+                say(f"broadcast change: {changes.step()}")
 
             t0 = time.monotonic()
             end = min(t0 + args.minutes * 60, hard)
             due = {"commit": t0, "flag": t0 + args.flag_every, "kill": t0 + args.kill_every,
-                   "sample": t0, "status": t0 + 60}
+                   "sample": t0, "status": t0 + 60, "minute": t0}
             kill_since: float | None = None
-            writing: Future | None = None  # the writes run in `pool`, one at a time
+            writing: dict[str, Future | None] = {"commit": None, "flag": None}  # in `pool`
             while (now := time.monotonic()) < end:
-                if writing is not None and writing.done():
-                    writing = writing.result()  # None, or raises what the write raised
                 for task, every in ((commit, args.every), (flag, args.flag_every)):
-                    if writing is None and now >= due[task.__name__]:
-                        due[task.__name__] += every
-                        writing = pool.submit(task)
+                    name = task.__name__
+                    if (w := writing[name]) is not None and w.done():
+                        writing[name] = w.result()  # None, or raises what the task raised
+                    if writing[name] is None and now >= due[name]:
+                        due[name] += every
+                        writing[name] = pool.submit(task)
                 if now >= due["kill"]:
                     due["kill"] += args.kill_every
                     kill_since = now
@@ -247,6 +272,11 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
                     due["sample"] += SAMPLE_S
                     sample = _sample(dev.pid, server.pid())
                     rec["samples"].append({"t_s": round(now - t0, 1), **sample})
+                if now >= due["minute"]:
+                    due["minute"] += 60
+                    procs = _procs()
+                    rec["minute"].append({"t_s": round(now - t0, 1), **minute_sample(
+                        settings, procs, _tree(server.pid(), procs), server.pid())})
                 if now >= due["status"]:  # every minute
                     due["status"] += 60
                     n = Counter(r.dagster_run.status.value for r in instance.get_run_records(
@@ -257,8 +287,9 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
                         f"committed; RSS dagster {s['dagster_mib']:.0f} MiB (+runs "
                         f"{s['runs_mib']:.0f}), spark {s['spark_mib']:.0f} MiB")
                 time.sleep(0.25)
-            if writing is not None:
-                writing.result()
+            for w in writing.values():
+                if w is not None:
+                    w.result()
             say("producer stopped; waiting for the last version to be processed")
             last = rec["commits"][-1]["version"] if rec["commits"] else -1
             wait_end = min(time.monotonic() + 300, hard)
@@ -272,11 +303,11 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     finally:  # the whole group: webserver, daemon, code server, runs
         pool.shutdown(cancel_futures=True)
         stop_group(dev)
-    return _report(args, root, rec, _committed(log, first), get_spark(settings=settings))
+    return _report(args, root, rec, _committed(log, first), get_spark(settings=settings), env)
 
 
 def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
-            committed: dict[int, int], spark: Any) -> int:
+            committed: dict[int, int], spark: Any, env: dict[str, str]) -> int:
     """Check the targets from the Dagster instance and the Delta tables; print, write JSON."""
     from dagster import AssetKey, DagsterInstance, RunsFilter
     from pyspark.sql import functions as F
@@ -308,6 +339,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                            "duplicated": sorted(b for b, n in ids.items() if n > 1),
                            "unexpected": sorted(set(ids) - set(committed)),
                            "recorded": len(ids)}
+        maintenance = maintenance_runs(instance)
     ok = [r for r in runs if r["status"] == "SUCCESS"]
     summary = {
         "total": len(runs), "succeeded": len(ok),
@@ -335,6 +367,14 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                   n_out, F.col("event_id").eqNullSafe(F.col("oid")), "full").filter(
                   F.coalesce("n_in", F.lit(0)) != F.coalesce("n_out", F.lit(0))).count()}
     memory = {k: _flat([s[k] for s in rec["samples"]]) for k in ("dagster_mib", "spark_mib")}
+    minute = {k: series(rec["minute"], k) for k in (
+        "driver_jvm_mib", "python_workers_mib", "python_workers", "snapshot_bytes",
+        "checkpoint_root_bytes", "fraud_state_keys", "fraud_state_live_keys",
+        "fraud_state_state_bytes", "fraud_state_disk_bytes")}
+    lineage = check_lineage(spark, get_settings())
+    restore = check_restore(spark, get_settings(), env)  # last: it rewrites the outputs
+    changed = {c["table"] for c in rec["broadcast_changes"]
+               if c["version"] != c.get("version_before")}
     targets = {
         "runs": (not summary["over_bound"] and not summary["failed_not_killed"]
                  and not summary["still_active"] and summary["succeeded"] > 0
@@ -346,10 +386,17 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                    and not counts["accepted_repeated_ids"]
                    and not counts["event_ids_in_out_mismatch"]),
         "memory": all(m["flat"] for m in memory.values()),
+        "broadcast_changes": changed == {"feature_flags", "dim_products", "user_segments"},
+        "lineage": lineage["ok"] and all(
+            len(v) > 1 for v in lineage["versions_seen"].values()),
+        "maintenance": maintenance["ok"],
+        "restore": restore["ok"],
+        "keyed_state": bool(rec["fraud_commits"]) and minute["fraud_state_keys"]["n"] > 0,
     }
     result = {"args": vars(args), "runs_summary": summary, "batches_committed": len(committed),
               "materializations": mats, "counts": counts, "memory": memory,
-              "targets": targets, "runs": runs, **rec}
+              "per_minute": minute, "lineage": lineage, "maintenance": maintenance,
+              "restore": restore, "targets": targets, "runs": runs, **rec}
     save_result("soak", result)
     print(f"{'run':10} {'status':9} {'seconds':>8} {'bound':>6} killed")
     for r in runs:
@@ -358,7 +405,11 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     details = {"runs": summary, "kills": {"landed": len(rec["kills"]),
                                           "skipped": rec["kills_skipped"]},
                "materializations": {"committed": len(committed), **mats},
-               "counts": counts, "memory": memory}
+               "counts": counts, "memory": memory, "broadcast_changes": rec["broadcast_changes"],
+               "lineage": lineage, "maintenance": maintenance,
+               "restore": {k: v for k, v in restore.items() if k != "catch_up_stderr"},
+               "keyed_state": {k: v for k, v in minute.items() if "fraud" in k}}
+    print("per minute:", json.dumps(minute))
     for name, passed in targets.items():
         print(f"{'PASS' if passed else 'FAIL'} {name}: {json.dumps(details[name])}")
     return 0 if all(targets.values()) else 1

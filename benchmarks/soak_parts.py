@@ -1,0 +1,314 @@
+"""The soak's other moving parts (:mod:`benchmarks.soak`): broadcast changes, the keyed
+fraud pipeline beside the enrichment, per-minute samples, and the checks at the end.
+
+* :class:`BroadcastChanges`: one broadcast-table change per call, cycling through a
+  ``feature_flags`` version (``lakecast.tools.flags``), a ``dim_products`` version (raw
+  products changed by ``datagen.refresh_dimensions``, then ``dimension_refresh_job`` run
+  through Dagster: ``dagster job execute``) and a ``user_segments`` version (the next
+  partition day of ``user_features,user_segments``: ``dagster asset materialize``);
+* :class:`FraudFeed`: the fraud pipeline's rules and a transactions producer (its
+  ``fraud_sensor`` in ``dagster dev`` starts the ``fraud_microbatch`` runs);
+* :func:`minute_sample`: keyed state (live keys, bytes), snapshot table and checkpoint
+  root bytes, the Spark server's JVM and its Python workers' RSS;
+* :func:`check_lineage`: every enriched row's category, price, segment and discount equal
+  the broadcast tables at the row's ``_state_version`` (Delta time travel, pandas);
+* :func:`check_restore`: restore the newest checkpoint, catch up, compare the outputs;
+* :func:`maintenance_runs`: the scheduled ``lake_maintenance_job`` runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+from lakecast.config import PROJECT_ROOT, Settings
+
+PYSPARK_WORKER = ("pyspark.daemon", "pyspark.worker")
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+
+
+def dir_bytes(path: str) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):  # removed meanwhile (VACUUM)
+                total += os.path.getsize(os.path.join(dirpath, f))
+    return total
+
+
+def slope_per_min(ts: list[float], xs: list[float]) -> float | None:
+    """Least-squares slope of ``xs`` over ``ts`` (seconds), per minute."""
+    n = len(xs)
+    if n < 2:
+        return None
+    mt, mx = sum(ts) / n, sum(xs) / n
+    var = sum((t - mt) ** 2 for t in ts)
+    if var == 0:
+        return None
+    return round(60 * sum((t - mt) * (x - mx) for t, x in zip(ts, xs, strict=True)) / var, 3)
+
+
+def series(samples: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Max, first, last and slope per minute of one sampled figure."""
+    pts = [(s["t_s"], s[key]) for s in samples if s.get(key) is not None]
+    xs = [x for _, x in pts]
+    return {"n": len(xs), "first": xs[0] if xs else None, "last": xs[-1] if xs else None,
+            "max": max(xs, default=None),
+            "slope_per_min": slope_per_min([t for t, _ in pts], xs)}
+
+
+def _dagster(args: list[str], env: dict[str, str], what: str) -> None:
+    """Run a ``dagster`` CLI command against the soak's instance and code; raise on failure."""
+    out = subprocess.run([DAGSTER, *args, "-m", "jobs.definitions"], cwd=PROJECT_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {out.returncode}): {out.stderr[-2000:]}")
+
+
+class BroadcastChanges:
+    """A broadcast change per :meth:`step`: flag, dim_products, user_segments, in turn."""
+
+    def __init__(self, spark: Any, settings: Settings, env: dict[str, str],
+                 last_day: str) -> None:
+        self.spark, self.settings, self.env = spark, settings, env
+        self.day = date.fromisoformat(last_day)
+        self.done: list[dict[str, Any]] = []
+
+    def _version(self, table: str) -> int | None:
+        from lakecast.delta import io as delta_io
+
+        return delta_io.latest_version(self.settings.table_path(table))
+
+    def flag(self, n: int) -> dict[str, Any]:
+        from lakecast.tools import flags
+
+        value = str(10 + n % 10)
+        m = flags.set_flag(self.spark, self.settings.table_path("feature_flags"),
+                           "vip_discount", value)
+        return {"table": "feature_flags", "value": value, "version": m.version}
+
+    def products(self, n: int) -> dict[str, Any]:
+        """Prices of ~2% of raw products change (a few are replaced), then the Dagster job
+        MERGEs them into dim_products."""
+        from lakecast.tables import DIM_PRODUCTS
+        from lakecast.tools import datagen
+
+        before = self._version(DIM_PRODUCTS)
+        res = datagen.refresh_dimensions(self.spark, self.settings, seed=500 + n, fraction=0.02)
+        _dagster(["job", "execute", "-j", "dimension_refresh_job"], self.env,
+                 "dimension_refresh_job")
+        return {"table": DIM_PRODUCTS, "raw_products_changed": list(res.products),
+                "version_before": before, "version": self._version(DIM_PRODUCTS)}
+
+    def segments(self, n: int) -> dict[str, Any]:
+        """The next partition day of user_features and user_segments, through Dagster."""
+        from lakecast.tables import USER_SEGMENTS
+
+        del n
+        before = self._version(USER_SEGMENTS)
+        self.day += timedelta(days=1)
+        _dagster(["asset", "materialize", "--select", "user_features,user_segments",
+                  "--partition", self.day.isoformat()], self.env,
+                 f"user_segments partition {self.day}")
+        return {"table": USER_SEGMENTS, "partition": self.day.isoformat(),
+                "version_before": before, "version": self._version(USER_SEGMENTS)}
+
+    def step(self) -> dict[str, Any]:
+        n = len(self.done)
+        kind = (self.flag, self.products, self.segments)[n % 3]
+        t0 = time.monotonic()
+        rec = {**kind(n // 3 + 1), "seconds": round(time.monotonic() - t0, 1)}
+        self.done.append(rec)
+        return rec
+
+
+class FraudFeed:
+    """The fraud pipeline's input: its demo rules once, then transactions commits."""
+
+    def __init__(self, spark: Any, settings: Settings, users: int = 200,
+                 merchants: int = 100) -> None:
+        from jobs.fraud import FRAUD_RULES, TRANSACTIONS
+        from jobs.fraud_tables import DEMO_RULES, write_rules
+
+        self.spark, self.users, self.merchants = spark, users, merchants
+        self.path = settings.table_path(TRANSACTIONS)
+        write_rules(spark, settings.table_path(FRAUD_RULES), DEMO_RULES)
+        self.next_id, self.ts = 0, int(time.time() * 1000)
+        self.commits: list[dict[str, int | None]] = []
+
+    def commit(self, count: int) -> dict[str, int | None]:
+        from jobs.fraud_tables import append_transactions, demo_transactions
+
+        rows = demo_transactions(len(self.commits) + 1, count, self.next_id, self.ts,
+                                 users=self.users, merchants=self.merchants)
+        version = append_transactions(self.spark, self.path, rows)
+        self.next_id, self.ts = self.next_id + count, max(self.ts, rows[-1]["ts"])
+        rec = {"version": version, "rows": count}
+        self.commits.append(rec)
+        return rec
+
+
+def keyed_state(path: str) -> dict[str, int | None]:
+    """Keys of the keyed state table now (newest row per key, no tombstones), those whose
+    TTL has not expired, and their state bytes; the table's bytes on disk. Read from the
+    Delta log and Parquet files (no Spark)."""
+    import pyarrow.compute as pc
+
+    from lakecast.delta import io as delta_io
+    from lakecast.runtime.keyed_store import newest_rows
+    from lakecast.runtime.keyed_tasks import EXPIRES, GROUP, STATE
+
+    version = delta_io.latest_version(path)
+    if version is None:
+        return {"keys": None, "live_keys": None, "state_bytes": None, "disk_bytes": 0}
+    rows = newest_rows(delta_io.table_files(path, version).read())
+    rows = rows.filter(pc.greater_equal(rows.column(GROUP), 0))
+    now = int(time.time() * 1000)
+    expires = rows.column(EXPIRES)
+    live = pc.or_(pc.is_null(expires), pc.greater(pc.fill_null(expires, 0), now))
+    sizes = pc.binary_length(rows.column(STATE))
+    return {"version": version, "keys": rows.num_rows,
+            "live_keys": int(pc.sum(pc.cast(live, "int64")).as_py() or 0),
+            "state_bytes": int(pc.sum(sizes).as_py() or 0), "disk_bytes": dir_bytes(path)}
+
+
+def minute_sample(settings: Settings, procs: dict[int, tuple[int, int, str]],
+                  spark_tree: set[int], spark_pid: int | None) -> dict[str, Any]:
+    """One per-minute sample (MiB for memory, bytes for storage)."""
+    from jobs.fraud import FRAUD
+    from lakecast.snapshots.checkpointer import snapshot_path
+
+    workers = [p for p in spark_tree if any(w in procs[p][2] for w in PYSPARK_WORKER)]
+    out: dict[str, Any] = {
+        "driver_jvm_mib": round(procs[spark_pid][1] / 2**20, 1) if spark_pid in procs else None,
+        "python_workers": len(workers),
+        "python_workers_mib": round(sum(procs[p][1] for p in workers) / 2**20, 1),
+        "snapshot_bytes": dir_bytes(snapshot_path(settings, "enrichment")),
+        "checkpoint_root_bytes": dir_bytes(settings.checkpoint_root),
+    }
+    try:
+        fraud = keyed_state(settings.table_path(FRAUD.state_table or ""))
+    except Exception as e:  # a sample must not end the soak: record why
+        fraud = {"error": f"{type(e).__name__}: {e}"[:300]}
+    out.update({f"fraud_state_{k}": v for k, v in fraud.items()})
+    return out
+
+
+def check_lineage(spark: Any, settings: Settings) -> dict[str, Any]:
+    """Every enriched row against the broadcast tables at its ``_state_version``."""
+    import pandas as pd
+
+    from jobs.enrichment import vip_discount_pct
+    from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
+
+    rows = (spark.read.format("delta").load(settings.table_path("enriched_events"))
+            .select("event_id", "user_id", "product_id", "product_category", "product_price",
+                    "segment", "vip_discount_pct", "_state_version").toPandas())
+    sv = rows["_state_version"].map(json.loads)
+    for t in (DIM_PRODUCTS, USER_SEGMENTS, "feature_flags"):
+        rows[f"v_{t}"] = sv.map(lambda d, t=t: d.get(t))
+    cache: dict[tuple[str, int], pd.DataFrame] = {}
+
+    def at(table: str, version: int) -> pd.DataFrame:
+        if (table, version) not in cache:
+            cache[(table, version)] = (spark.read.format("delta")
+                                       .option("versionAsOf", int(version))
+                                       .load(settings.table_path(table)).toPandas())
+        return cache[(table, version)]
+
+    bad: dict[str, int] = {"category": 0, "price": 0, "segment": 0, "vip_discount_pct": 0,
+                           "unchecked": 0}
+    checked = 0
+    examples: list[dict[str, Any]] = []
+    for (vp, vs, vf), g in rows.groupby(
+            [f"v_{DIM_PRODUCTS}", f"v_{USER_SEGMENTS}", "v_feature_flags"]):
+        prods = at(DIM_PRODUCTS, vp).set_index("product_id")
+        segs = at(USER_SEGMENTS, vs).set_index("user_id")["segment"]
+        flags = at("feature_flags", vf).set_index("flag")
+        flag = flags.loc["vip_discount"] if "vip_discount" in flags.index else None
+        pct = vip_discount_pct(flag["value"]) if flag is not None and flag["enabled"] else 0.0
+        checked += len(g)
+        cat = g["product_id"].map(prods["category"])
+        price = g["product_id"].map(prods["price"].astype(float))
+        seg = g["user_id"].map(segs).fillna("NEW")
+        disc = (seg == "VIP").map({True: pct, False: 0.0})
+        checks = {"category": cat != g["product_category"],
+                  "price": (price - g["product_price"].astype(float)).abs() > 1e-6,
+                  "segment": seg != g["segment"],
+                  "vip_discount_pct": (disc - g["vip_discount_pct"]).abs() > 1e-9}
+        for k, miss in checks.items():
+            bad[k] += int(miss.sum())
+            if miss.any() and len(examples) < 5:
+                examples.append({"check": k, "versions": [int(vp), int(vs), int(vf)],
+                                 **g[miss].iloc[0][["event_id", "product_id", "user_id"]]
+                                 .astype(int).to_dict()})
+    bad["unchecked"] = len(rows) - checked  # a version missing from _state_version
+    seen = {t: sorted({int(v) for v in rows[f"v_{t}"].dropna()})
+            for t in (DIM_PRODUCTS, USER_SEGMENTS, "feature_flags")}
+    return {"rows": len(rows), "mismatches": bad, "examples": examples,
+            "versions_seen": seen, "ok": len(rows) > 0 and not any(bad.values())}
+
+
+def _outputs(spark: Any, settings: Settings) -> dict[str, Any]:
+    """Per output: its rows' event ids (sorted) and a digest of its rows' content."""
+    from pyspark.sql import functions as F
+
+    from jobs.enrichment_pipeline import OUTPUTS
+
+    out = {}
+    for table, _ in OUTPUTS:
+        df = spark.read.format("delta").load(settings.table_path(table))
+        eid = (F.col("event_id") if "event_id" in df.columns
+               else F.get_json_object("raw_record", "$.event_id").cast("long"))
+        cols = sorted(c for c in df.columns if c not in ("processed_at", "_processed_at"))
+        digest = df.select(F.sum(F.xxhash64(*cols)).alias("h"), F.count("*").alias("n")).first()
+        ids = sorted((r[0] is None, r[0] or 0) for r in df.select(eid.alias("e")).collect())
+        out[table] = {"rows": int(digest["n"]), "digest": digest["h"], "ids": ids}
+    return out
+
+
+def check_restore(spark: Any, settings: Settings, env: dict[str, str]) -> dict[str, Any]:
+    """Restore the enrichment pipeline's newest checkpoint (``lakecast snapshots restore``'s
+    path), catch up with ``python -m jobs.microbatch``, compare the outputs with before."""
+    from lakecast.snapshots.checkpointer import restore_checkpoint
+
+    before = _outputs(spark, settings)
+    plan, restored = restore_checkpoint(spark, settings, "enrichment")
+    rolled = {t: len(v["ids"]) for t, v in _outputs(spark, settings).items()}
+    run = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    after = _outputs(spark, settings)
+    same_ids = all(before[t]["ids"] == after[t]["ids"] for t in before)
+    same_rows = all(before[t]["digest"] == after[t]["digest"] for t in before)
+    return {"checkpoint_id": restored.header.checkpoint_id,
+            "batch_id": restored.header.batch_id, "skipped": list(restored.skipped),
+            "rollback_to": plan.rollback_to, "rows_after_rollback": rolled,
+            "rows_before": {t: v["rows"] for t, v in before.items()},
+            "rows_after": {t: v["rows"] for t, v in after.items()},
+            "catch_up_exit": run.returncode, "catch_up_stderr": run.stderr[-1500:]
+            if run.returncode else "", "same_event_ids": same_ids, "same_rows": same_rows,
+            "ok": run.returncode == 0 and same_ids}
+
+
+def maintenance_runs(instance: Any) -> dict[str, Any]:
+    """The ``lake_maintenance_job`` runs (started by its schedule) and their statuses."""
+    from dagster import RunsFilter
+
+    from jobs.runs import MAINTENANCE_JOB
+
+    recs = instance.get_run_records(RunsFilter(job_name=MAINTENANCE_JOB))
+    runs = [{"run_id": r.dagster_run.run_id[:8], "status": r.dagster_run.status.value,
+             "scheduled": r.dagster_run.tags.get("dagster/schedule_name"),
+             "seconds": round(r.end_time - r.start_time, 1)
+             if r.start_time and r.end_time else None} for r in recs]
+    succeeded = sum(r["status"] == "SUCCESS" for r in runs)
+    return {"runs": runs, "succeeded": succeeded,
+            "ok": succeeded > 0 and not any(r["status"] == "FAILURE" for r in runs)}
