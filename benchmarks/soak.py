@@ -290,6 +290,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
             for w in writing.values():
                 if w is not None:
                     w.result()
+            commit()  # events after the last broadcast change: the outputs must show it
             say("producer stopped; waiting for the last version to be processed")
             last = rec["commits"][-1]["version"] if rec["commits"] else -1
             wait_end = min(time.monotonic() + 300, hard)

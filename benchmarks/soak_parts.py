@@ -96,13 +96,13 @@ class BroadcastChanges:
         return {"table": "feature_flags", "value": value, "version": m.version}
 
     def products(self, n: int) -> dict[str, Any]:
-        """Prices of ~2% of raw products change (a few are replaced), then the Dagster job
+        """Prices of ~8% of raw products change (a few are replaced), then the Dagster job
         MERGEs them into dim_products."""
         from lakecast.tables import DIM_PRODUCTS
         from lakecast.tools import datagen
 
         before = self._version(DIM_PRODUCTS)
-        res = datagen.refresh_dimensions(self.spark, self.settings, seed=500 + n, fraction=0.02)
+        res = datagen.refresh_dimensions(self.spark, self.settings, seed=500 + n, fraction=0.1)
         _dagster(["job", "execute", "-j", "dimension_refresh_job"], self.env,
                  "dimension_refresh_job")
         return {"table": DIM_PRODUCTS, "raw_products_changed": list(res.products),
@@ -247,9 +247,10 @@ def check_lineage(spark: Any, settings: Settings) -> dict[str, Any]:
         for k, miss in checks.items():
             bad[k] += int(miss.sum())
             if miss.any() and len(examples) < 5:
+                row = g[miss].iloc[0]
                 examples.append({"check": k, "versions": [int(vp), int(vs), int(vf)],
-                                 **g[miss].iloc[0][["event_id", "product_id", "user_id"]]
-                                 .astype(int).to_dict()})
+                                 **{c: int(row[c]) for c in ("event_id", "product_id",
+                                                             "user_id")}})
     bad["unchecked"] = len(rows) - checked  # a version missing from _state_version
     seen = {t: sorted({int(v) for v in rows[f"v_{t}"].dropna()})
             for t in (DIM_PRODUCTS, USER_SEGMENTS, "feature_flags")}
@@ -268,8 +269,9 @@ def _outputs(spark: Any, settings: Settings) -> dict[str, Any]:
         df = spark.read.format("delta").load(settings.table_path(table))
         eid = (F.col("event_id") if "event_id" in df.columns
                else F.get_json_object("raw_record", "$.event_id").cast("long"))
-        cols = sorted(c for c in df.columns if c not in ("processed_at", "_processed_at"))
-        digest = df.select(F.sum(F.xxhash64(*cols)).alias("h"), F.count("*").alias("n")).first()
+        cols = sorted(c for c in df.columns if c != "batch_id")  # redone: fresh batch ids
+        digest = df.select(F.sum(F.xxhash64(*cols).cast("decimal(38,0)")).alias("h"),
+                           F.count("*").alias("n")).first()
         ids = sorted((r[0] is None, r[0] or 0) for r in df.select(eid.alias("e")).collect())
         out[table] = {"rows": int(digest["n"]), "digest": digest["h"], "ids": ids}
     return out
