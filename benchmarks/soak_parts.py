@@ -302,15 +302,28 @@ def check_restore(spark: Any, settings: Settings, env: dict[str, str]) -> dict[s
 
 def maintenance_runs(instance: Any) -> dict[str, Any]:
     """The ``lake_maintenance_job`` runs (started by its schedule) and their statuses."""
-    from dagster import RunsFilter
+    from dagster import DagsterEventType, RunsFilter
 
     from jobs.runs import MAINTENANCE_JOB
+
+    def maintained(run_id: str) -> list[str]:  # the tables it observed (maintained)
+        return sorted(e.dagster_event.asset_key.to_user_string() for e in instance.all_logs(
+            run_id, of_type=DagsterEventType.ASSET_OBSERVATION)
+            if e.dagster_event and e.dagster_event.asset_key)
+
+    def failure(run_id: str) -> str | None:
+        errs = [e.dagster_event.event_specific_data.error.message for e in instance.all_logs(
+            run_id, of_type=DagsterEventType.STEP_FAILURE)
+            if e.dagster_event and getattr(e.dagster_event.event_specific_data, "error", None)]
+        return errs[0].split("\n")[0][:300] if errs else None
 
     recs = instance.get_run_records(RunsFilter(job_name=MAINTENANCE_JOB))
     runs = [{"run_id": r.dagster_run.run_id[:8], "status": r.dagster_run.status.value,
              "scheduled": r.dagster_run.tags.get("dagster/schedule_name"),
              "seconds": round(r.end_time - r.start_time, 1)
-             if r.start_time and r.end_time else None} for r in recs]
+             if r.start_time and r.end_time else None,
+             "maintained": maintained(r.dagster_run.run_id),
+             "failure": failure(r.dagster_run.run_id)} for r in recs]
     succeeded = sum(r["status"] == "SUCCESS" for r in runs)
     return {"runs": runs, "succeeded": succeeded,
             "ok": succeeded > 0 and not any(r["status"] == "FAILURE" for r in runs)}
