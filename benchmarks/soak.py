@@ -313,6 +313,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     from dagster import AssetKey, DagsterInstance, RunsFilter
     from pyspark.sql import functions as F
 
+    from jobs.definitions import FRAUD_PIPELINE
     from jobs.enrichment_pipeline import OUTPUTS
     from jobs.microbatch import MicroBatchRunConfig
     from jobs.runs import MICROBATCH_JOB
@@ -341,6 +342,8 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                            "unexpected": sorted(set(ids) - set(committed)),
                            "recorded": len(ids)}
         maintenance = maintenance_runs(instance)
+        fraud_runs = Counter(r.dagster_run.status.value for r in instance.get_run_records(
+            RunsFilter(job_name=FRAUD_PIPELINE.job.name)))
     ok = [r for r in runs if r["status"] == "SUCCESS"]
     summary = {
         "total": len(runs), "succeeded": len(ok),
@@ -392,12 +395,13 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
             len(v) > 1 for v in lineage["versions_seen"].values()),
         "maintenance": maintenance["ok"],
         "restore": restore["ok"],
-        "keyed_state": bool(rec["fraud_commits"]) and minute["fraud_state_keys"]["n"] > 0,
+        "keyed_state": (minute["fraud_state_keys"]["n"] > 0 and fraud_runs["SUCCESS"] > 0
+                        and not fraud_runs["FAILURE"]),
     }
     result = {"args": vars(args), "runs_summary": summary, "batches_committed": len(committed),
               "materializations": mats, "counts": counts, "memory": memory,
               "per_minute": minute, "lineage": lineage, "maintenance": maintenance,
-              "restore": restore, "targets": targets, "runs": runs, **rec}
+              "restore": restore, "fraud_runs": fraud_runs, "targets": targets, "runs": runs, **rec}
     save_result("soak", result)
     print(f"{'run':10} {'status':9} {'seconds':>8} {'bound':>6} killed")
     for r in runs:
@@ -409,7 +413,8 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                "counts": counts, "memory": memory, "broadcast_changes": rec["broadcast_changes"],
                "lineage": lineage, "maintenance": maintenance,
                "restore": {k: v for k, v in restore.items() if k != "catch_up_stderr"},
-               "keyed_state": {k: v for k, v in minute.items() if "fraud" in k}}
+               "keyed_state": {"fraud_runs": fraud_runs,
+                               **{k: v for k, v in minute.items() if "fraud" in k}}}
     print("per minute:", json.dumps(minute))
     for name, passed in targets.items():
         print(f"{'PASS' if passed else 'FAIL'} {name}: {json.dumps(details[name])}")
