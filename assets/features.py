@@ -37,7 +37,7 @@ from assets.common import table_pool, write_quarantine
 from assets.resources import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
-from lakecast.spark import local_checkpoint
+from lakecast.spark import persisted_frames
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_FEATURES
 from lakecast.tools.datagen import DATA_START
 
@@ -102,35 +102,39 @@ def build_features(
     events = delta_io.read(spark, settings.table_path(EVENTS)).filter(
         F.col("ingest_day") <= keys[-1]
     )
-    users = local_checkpoint(delta_io.read(spark, settings.table_path(DIM_USERS)))
-    products = delta_io.read(spark, settings.table_path(DIM_PRODUCTS))
-    classified = local_checkpoint(transforms.classify_events(events, users, products))
-    in_range = classified.filter(F.col("ingest_day").isin(keys))
-    counts: dict[tuple[str, bool], int] = {
-        (r["ingest_day"], r["ok"]): r["count"]
-        for r in in_range.groupBy("ingest_day", F.col("_reason").isNull().alias("ok"))
-        .count()
-        .collect()
-    }
-    rejected = transforms.quarantine_frame(
-        in_range, EVENTS, USER_FEATURES, F.col("ingest_day"), run_id, datetime.now(UTC)
-    )
-    write_quarantine(spark, settings, rejected, USER_FEATURES, keys)
-    accepted = local_checkpoint(
-        classified.filter(F.col("_reason").isNull())
-        .select("user_id", "event_type", "amount", "event_ts", "category")
-    )
-    outcomes = []
-    for day, key in zip(days, keys, strict=True):
-        rows = local_checkpoint(transforms.user_features(accepted, users, day))
-        version, written = delta_io.retry_on_conflict(
-            lambda day=day, rows=rows: _write_day(spark, settings, rows, day)
+    # intermediate frames persisted (not locally checkpointed: see persisted_frames)
+    with persisted_frames() as persist:
+        users = persist(delta_io.read(spark, settings.table_path(DIM_USERS)))
+        products = delta_io.read(spark, settings.table_path(DIM_PRODUCTS))
+        classified = persist(transforms.classify_events(events, users, products))
+        in_range = classified.filter(F.col("ingest_day").isin(keys))
+        counts: dict[tuple[str, bool], int] = {
+            (r["ingest_day"], r["ok"]): r["count"]
+            for r in in_range.groupBy("ingest_day", F.col("_reason").isNull().alias("ok"))
+            .count()
+            .collect()
+        }
+        rejected = transforms.quarantine_frame(
+            in_range, EVENTS, USER_FEATURES, F.col("ingest_day"), run_id, datetime.now(UTC)
         )
-        ok, bad = counts.get((key, True), 0), counts.get((key, False), 0)
-        outcome = FeatureDay(key, ok + bad, ok, bad, rows.count(), version, written)
-        if log is not None:
-            log.info(f"{USER_FEATURES} {key}: {outcome}")
-        outcomes.append(outcome)
+        write_quarantine(spark, settings, rejected, USER_FEATURES, keys)
+        accepted = persist(
+            classified.filter(F.col("_reason").isNull())
+            .select("user_id", "event_type", "amount", "event_ts", "category")
+        )
+        outcomes = []
+        for day, key in zip(days, keys, strict=True):
+            with persisted_frames() as persist_day:
+                rows = persist_day(transforms.user_features(accepted, users, day))
+                version, written = delta_io.retry_on_conflict(
+                    lambda day=day, rows=rows: _write_day(spark, settings, rows, day)
+                )
+                n_rows = rows.count()
+            ok, bad = counts.get((key, True), 0), counts.get((key, False), 0)
+            outcome = FeatureDay(key, ok + bad, ok, bad, n_rows, version, written)
+            if log is not None:
+                log.info(f"{USER_FEATURES} {key}: {outcome}")
+            outcomes.append(outcome)
     return outcomes
 
 

@@ -23,6 +23,8 @@ import contextlib
 import os
 import socket
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lakecast.config import Settings, get_settings
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_DEFAULTS", "DEFAULT_APP_NAME", "ServerUnavailableError", "build_conf",
     "check_java", "default_parallelism", "delta_jar_location", "get_spark", "is_connect",
-    "local_checkpoint", "observed_metrics", "python_env", "session_id_for",
+    "local_checkpoint", "observed_metrics", "persisted_frames", "python_env", "session_id_for",
 ]
 
 
@@ -185,6 +187,32 @@ def local_checkpoint(frame: DataFrame) -> DataFrame:
     if is_connect(frame.sparkSession):
         _activate(frame.sparkSession)
     return frame.localCheckpoint()
+
+
+@contextmanager
+def persisted_frames() -> Iterator[Callable[[DataFrame], DataFrame]]:
+    """A ``persist(frame)`` for the block: the frame is persisted and materialized at once
+    (a count), and every frame persisted so is unpersisted when the block ends.
+
+    For intermediate frames that later stages read several times. Unlike
+    :func:`local_checkpoint`, the tasks that read a persisted frame do not carry the
+    closures of the plan that made it: a locally checkpointed RDD keeps them, so each
+    downstream task binary of ``user_features`` was 1-2 MiB (Spark's "Broadcasting large
+    task binary" WARN, five per partition day).
+    """
+    frames: list[DataFrame] = []
+
+    def persist(frame: DataFrame) -> DataFrame:
+        frame = frame.persist()
+        frame.count()
+        frames.append(frame)
+        return frame
+
+    try:
+        yield persist
+    finally:
+        for frame in frames:
+            frame.unpersist()
 
 
 def observed_metrics(observation: Observation) -> dict[str, Any] | None:

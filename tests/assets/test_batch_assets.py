@@ -131,7 +131,7 @@ def _add_a_vip(spark, lake) -> int:
 
 
 def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_nothing(
-    spark, small_lake, server_url
+    spark, small_lake, spark_server, server_url
 ):
     lake = small_lake
     vip = _add_a_vip(spark, lake)
@@ -158,7 +158,14 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
 
     # ---- three days in ONE run, through the Dagster CLI in a subprocess (on the test run's
     # Spark server, as under `make ui`)
+    server_log = spark_server.log_file.stat().st_size
     run_id = cli_backfill(SEGMENT_ASSETS, SMALL.day_keys[0], SMALL.day_keys[-1], server_url)
+    # the server (where the run's Spark work happened) logged no large task binary (issue
+    # 20: locally checkpointed frames made each user_features task carry 1-2 MiB)
+    with open(spark_server.log_file, "rb") as f:
+        f.seek(server_log)
+        logged = f.read().decode(errors="replace")
+    assert "Broadcasting large task binary" not in logged, logged[-2000:]
     with DagsterInstance.get() as instance:  # the temp lake's DAGSTER_HOME
         seg_meta = _by_partition(instance, USER_SEGMENTS)
         feat_meta = _by_partition(instance, USER_FEATURES)
