@@ -62,6 +62,8 @@ SNAPSHOT_SCHEMA = (
     "value BINARY, content_hash STRING, n_entries LONG, meta STRING, created_at_ms LONG"
 )
 SNAPSHOT_COLUMNS = [c.strip().split()[0] for c in SNAPSHOT_SCHEMA.split(",")]
+SNAPSHOT_CASTS = [f"CAST({name} AS {kind}) AS {name}"
+                  for name, kind in (c.strip().split() for c in SNAPSHOT_SCHEMA.split(","))]
 HEADER, MANIFEST, ENTRY = "checkpoint", "manifest", "entry"
 
 
@@ -166,7 +168,10 @@ class SnapshotStore:
 
     def write(self, header: CheckpointHeader, rows: DataFrame) -> int:
         """Write one checkpoint (all its rows) in ONE commit; returns the Delta version."""
-        return delta_io.write(rows.select(*SNAPSHOT_COLUMNS), self.path,
+        # every column cast to its declared type: over Spark Connect, mapInArrow's string
+        # columns are "string collate UTF8_BINARY", which Delta then records in the
+        # table's schema and delta-rs (maintenance, direct reads) cannot open
+        return delta_io.write(rows.selectExpr(*SNAPSHOT_CASTS), self.path,
                               partition_by=["checkpoint_id"],
                               txn=(self.app_id, header.checkpoint_id))
 
