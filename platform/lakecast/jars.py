@@ -4,11 +4,13 @@ The delta-spark wheel ships no JARs. This resolves ``deploy/maven/pom.xml``
 (``io.delta:delta-spark_<spark>_2.13`` and its runtime dependencies) with Maven
 into the JAR folder, then drops every JAR whose artifact pyspark already ships
 (Spark's own copy wins on the classpath anyway). Idempotent: a complete folder
-is left alone. The Spark session factory only ever reads this folder.
+is left alone (the marker records the pom's digest: a changed pom is fetched again).
+The Spark session factory only ever reads this folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -49,9 +51,24 @@ def local_jars(jars_dir: Path) -> list[Path]:
     return jars
 
 
+def pom_digest(pom: Path) -> str:
+    """The marker's first line for ``pom``: a folder fetched for another pom is stale."""
+    return f"# pom sha256 {hashlib.sha256(pom.read_bytes()).hexdigest()}"
+
+
+def is_current(jars_dir: Path, pom: Path) -> bool:
+    """Whether ``jars_dir`` holds a complete fetch of this very ``pom``."""
+    marker = jars_dir / _MARKER
+    if not marker.exists():
+        return False
+    lines = marker.read_text().splitlines()
+    return bool(lines) and lines[0] == pom_digest(pom)
+
+
 def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
-    """Resolve the pom's dependencies into ``jars_dir`` (no-op when already complete)."""
-    if (jars_dir / _MARKER).exists() and not force:
+    """Resolve the pom's dependencies into ``jars_dir`` (no-op when already complete for
+    this pom; a folder fetched for an older pom is fetched again)."""
+    if is_current(jars_dir, pom) and not force:
         return sorted(jars_dir.glob("*.jar"))
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -77,7 +94,8 @@ def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
                 continue
             shutil.copy2(jar, jars_dir / jar.name)
             kept.append(jars_dir / jar.name)
-    (jars_dir / _MARKER).write_text("\n".join(p.name for p in kept) + "\n")
+    (jars_dir / _MARKER).write_text(
+        "\n".join([pom_digest(pom), *(p.name for p in kept)]) + "\n")
     for p in kept:
         print(f"    {p.name}")
     return kept

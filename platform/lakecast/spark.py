@@ -82,6 +82,7 @@ def _classic(settings: Settings, overrides: dict[str, str], app_name: str) -> Sp
     active = SparkSession.getActiveSession()
     if active is not None:
         _set_sql_conf(active, overrides)
+        _set_s3a_conf(active, settings)
         return active
     check_java()
     conf = build_conf(settings, overrides)
@@ -93,6 +94,18 @@ def _classic(settings: Settings, overrides: dict[str, str], app_name: str) -> Sp
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _set_s3a_conf(spark: SparkSession, settings: Settings) -> None:
+    """The Spark conf's ``spark.hadoop.fs.s3a.*`` settings as session settings: Spark
+    copies a session's settings into the Hadoop configuration of its reads and writes,
+    so a session started without them (or a Spark Connect server's) reaches the same
+    object store (:mod:`lakecast.delta.objstore`)."""
+    from lakecast.delta.objstore import s3a_session_conf
+
+    for k, v in s3a_session_conf(settings).items():
+        if spark.conf.get(k, None) != v:
+            spark.conf.set(k, v)
 
 
 def _set_sql_conf(spark: SparkSession, overrides: dict[str, str]) -> None:
@@ -121,6 +134,7 @@ def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) ->
     if cached is not None:
         _activate(cached)
         _set_sql_conf(cached, overrides)
+        _set_s3a_conf(cached, settings)
         return cached
     fix = ("start it with `lakecast server start` (or set LAKECAST_SPARK_REMOTE=server to "
            "start it on demand, or unset LAKECAST_SPARK_REMOTE to run Spark in-process)")
@@ -139,6 +153,7 @@ def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) ->
         raise ServerUnavailableError(f"the Spark Connect server at {url} did not answer: "
                                      f"{str(e).splitlines()[0]}; {fix}") from None
     _set_sql_conf(spark, overrides)
+    _set_s3a_conf(spark, settings)
     _SESSIONS[(url, sid)] = spark
     # a session of this process only is released on exit; a named one outlives it
     atexit.register(_on_exit, spark, url, not name)

@@ -102,3 +102,17 @@ def test_artifact_names():
     assert jars.artifact_name("jackson-core-2.13.5.jar") == "jackson-core"
     assert jars.artifact_name("delta-spark_4.2_2.13-4.4.0.jar") == "delta-spark_4.2_2.13"
     assert jars.artifact_name("zstd-jni-1.5.7-3.jar") == "zstd-jni"
+
+
+def test_jar_folder_of_another_pom_is_stale(tmp_path):
+    pom = tmp_path / "pom.xml"
+    pom.write_text("<project>one</project>")
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    assert not jars.is_current(folder, pom)
+    (folder / ".complete").write_text("delta-spark_4.2_2.13-4.4.0.jar\n")  # before digests
+    assert not jars.is_current(folder, pom)
+    (folder / ".complete").write_text(jars.pom_digest(pom) + "\ndelta-spark.jar\n")
+    assert jars.is_current(folder, pom)
+    pom.write_text("<project>two</project>")  # e.g. hadoop-aws added
+    assert not jars.is_current(folder, pom)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lakecast.delta.log import CDF_PROPERTY, DeltaIOError
+from lakecast.delta.objstore import options_for
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,7 +41,7 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
 
     uri = _uri(path)
     try:
-        existing: DeltaTable | None = DeltaTable(uri)
+        existing: DeltaTable | None = DeltaTable(uri, storage_options=options_for(path))
     except TableNotFoundError:
         existing = None
     if existing is not None and txn is not None:
@@ -55,6 +56,7 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
     try:
         write_deltalake(
             existing if existing is not None else uri, table, mode="append",
+            storage_options=None if existing is not None else options_for(path),
             schema_mode="merge" if merge_schema and existing is not None else None,
             configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
             commit_properties=props,
@@ -65,7 +67,7 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
             f"Check that the table's schema accepts the rows (columns and types) and that "
             f"the storage is writable."
         ) from exc
-    return DeltaTable(uri).version()
+    return DeltaTable(uri, storage_options=options_for(path)).version()
 
 
 def checkpoint_log(path: str) -> int:
@@ -74,7 +76,7 @@ def checkpoint_log(path: str) -> int:
     only the versions it commits itself, every ten); returns that version."""
     from deltalake import DeltaTable
 
-    table = DeltaTable(_uri(path))
+    table = DeltaTable(_uri(path), storage_options=options_for(path))
     table.create_checkpoint()
     return table.version()
 
@@ -93,7 +95,7 @@ def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = N
 
     uri = _uri(path)
     try:
-        existing: DeltaTable | None = DeltaTable(uri)
+        existing: DeltaTable | None = DeltaTable(uri, storage_options=options_for(path))
     except TableNotFoundError:
         if not create:
             raise DeltaIOError(f"no Delta table at {path} to overwrite") from None
@@ -109,6 +111,7 @@ def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = N
             custom_metadata={"userMetadata": user_metadata} if user_metadata else None)
     try:
         write_deltalake(existing if existing is not None else uri, table, mode="overwrite",
+                        storage_options=None if existing is not None else options_for(path),
                         schema_mode="overwrite" if replace_schema and existing is not None
                         else None,
                         configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
@@ -116,4 +119,4 @@ def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = N
     except Exception as exc:  # delta-rs raises its own types; name the table
         raise DeltaIOError(f"overwriting the Delta table at {path} with {table.num_rows} "
                            f"rows failed: {exc}") from exc
-    return DeltaTable(uri).version()
+    return DeltaTable(uri, storage_options=options_for(path)).version()

@@ -1,7 +1,8 @@
 """Delta logs read without Spark: versions, commit info, ``txn`` actions, the Change Data
 Feed of a version range and the active files of a version (``_delta_log`` replay).
 
-Paths may be local or Hadoop URIs; URIs need a Spark session for listings. The
+Paths may be local or object-store URIs (``s3a://``, ``s3://``: read with ``deltalake``
+and pyarrow's S3 filesystem, :mod:`lakecast.delta.objstore`; no Spark needed). The
 :mod:`lakecast.delta.io` facade re-exports what callers use.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from lakecast.delta import objstore
 from lakecast.errors import LakecastError
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
@@ -40,21 +42,13 @@ def _log_names(path: str, spark: SparkSession | None) -> list[str]:
     if not _is_uri(path):
         log = _local(path) / "_delta_log"
         return [p.name for p in log.iterdir()] if log.is_dir() else []
-    if spark is None:
-        raise DeltaIOError(f"listing the Delta log of {path} needs a Spark session")
-    jvm = spark.sparkContext._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
-    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hpath):
-        return []
-    return [s.getPath().getName() for s in fs.listStatus(hpath)]
+    return objstore.log_names(path)
 
 
 def _read_log_file(path: str, name: str, spark: SparkSession | None) -> str:
     if not _is_uri(path):
         return (_local(path) / "_delta_log" / name).read_text()
-    assert spark is not None
-    return "\n".join(r.value for r in spark.read.text(f"{path}/_delta_log/{name}").collect())
+    return objstore.read_log_file(path, name)
 
 
 def table_exists(path: str, spark: SparkSession | None = None) -> bool:
@@ -63,7 +57,10 @@ def table_exists(path: str, spark: SparkSession | None = None) -> bool:
 
 
 def latest_version(path: str, spark: SparkSession | None = None) -> int | None:
-    """Newest committed version of the table at ``path``, or ``None`` if there is none."""
+    """Newest committed version of the table at ``path``, or ``None`` if there is none
+    (object stores: read with ``deltalake``)."""
+    if _is_uri(path):
+        return objstore.latest_version(path)
     versions = [int(m.group(1)) for n in _log_names(path, spark) if (m := _COMMIT.match(n))]
     return max(versions) if versions else None
 

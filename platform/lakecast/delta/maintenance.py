@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from lakecast.delta.log import DeltaIOError, file_sizes, latest_version
+from lakecast.delta.objstore import options_for
 
 #: VACUUM's default retention, Delta's safety default: ``delta.deletedFileRetentionDuration``
 #: when a table does not set it (7 days)
@@ -103,7 +104,8 @@ def table_properties(path: str) -> dict[str, str]:
     from deltalake.exceptions import DeltaError
 
     try:
-        return dict(DeltaTable(_uri(path)).metadata().configuration)
+        table = DeltaTable(_uri(path), storage_options=options_for(path))
+        return dict(table.metadata().configuration)
     except DeltaError as e:
         raise DeltaIOError(f"delta-rs cannot open the Delta table at {path}: {e}") from e
 
@@ -163,25 +165,25 @@ def maintain(path: str, retention: Retention, keep_versions: Sequence[int] = (),
     from deltalake import DeltaTable, PostCommitHookProperties
     from deltalake.exceptions import DeltaError, DeltaProtocolError
 
-    uri = _uri(path)
+    uri, opts = _uri(path), options_for(path)
     hooks = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
     keep = tuple(sorted(set(keep_versions)))
     before = table_stats(path)
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     try:
-        metrics: dict[str, Any] = DeltaTable(uri).optimize.compact(
+        metrics: dict[str, Any] = DeltaTable(uri, storage_options=opts).optimize.compact(
             target_size=target_size, post_commithook_properties=hooks)
         seconds["optimize"] = _lap(t)
         t = time.perf_counter()
-        deleted = DeltaTable(uri).vacuum(
+        deleted = DeltaTable(uri, storage_options=opts).vacuum(
             retention_hours=retention.hours, dry_run=False,
             enforce_retention_duration=retention.enforce,
             keep_versions=list(keep) or None, post_commithook_properties=hooks)
         remove_sidecars(path, deleted)
         seconds["vacuum"] = _lap(t)
         t = time.perf_counter()
-        table = DeltaTable(uri)
+        table = DeltaTable(uri, storage_options=opts)
         table.create_checkpoint()
         seconds["checkpoint"] = _lap(t)
     except DeltaProtocolError as e:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakecast.delta import io as delta_io
+from lakecast.delta import objstore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -247,12 +248,15 @@ def read_log(path: str) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
     """Every plan and commit of the log at ``path`` (:meth:`ProgressLog.state`), read
     without Spark: the log's Delta files are read with pyarrow. Empty if there is no log.
 
-    Raises :class:`lakecast.delta.io.DirectReadUnsupported` when the log cannot be read
-    without Spark (e.g. a URI path).
+    Object-store logs are read with ``deltalake``; raises
+    :class:`lakecast.delta.io.DirectReadUnsupported` when a local log cannot be read
+    without Spark.
     """
     version = delta_io.latest_version(path)
     if version is None:
         return [], {}
+    if objstore.is_object_store(path):  # read with deltalake
+        return ProgressLog.parse_rows(objstore.read_table(path, version).to_pylist())
     return ProgressLog.parse_rows(delta_io.table_files(path, version).read().to_pylist())
 
 

@@ -100,12 +100,15 @@ def cmd_flag(args: argparse.Namespace) -> int:
 def cmd_versions(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from lakecast.delta import objstore
+
     settings = get_settings()
     root = Path(settings.lake_root)
-    names = (
-        sorted(p.name for p in root.iterdir() if (p / "_delta_log").is_dir())
-        if root.is_dir() else []
-    )
+    if objstore.is_object_store(settings.lake_root):
+        names = objstore.table_names(settings.lake_root, settings)
+    else:
+        names = (sorted(p.name for p in root.iterdir() if (p / "_delta_log").is_dir())
+                 if root.is_dir() else [])
     if not names:
         print(f"no Delta tables under {settings.lake_root}")
         return 0
