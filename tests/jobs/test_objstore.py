@@ -1,6 +1,8 @@
 """A lake on object storage: the demo's enrichment pipeline with ``s3a://`` roots on an
 S3-compatible server (moto, started here on 127.0.0.1), against the same inputs on a
-local lake.
+local lake (written once by Spark through S3A, then the same files downloaded), and the
+batch assets that build the broadcast tables, materialized by Dagster on the ``s3a://``
+lake, against the pandas reference (:mod:`tests.assets.reference`).
 
 The test run's Spark session started without the S3A settings: they come from
 ``LAKECAST_SPARK_CONF`` (``spark.hadoop.fs.s3a.*``), which ``get_spark`` applies to a
@@ -18,9 +20,11 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import date
 
+import pandas as pd
 import pytest
-from dagster import DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
 
 from assets.raw import observe_events_table
 from jobs.microbatch import build_pipeline
@@ -29,13 +33,25 @@ from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.delta import objstore
 from lakecast.spark import get_spark
-from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
-from lakecast.tools import cli
+from lakecast.tables import (
+    DIM_PRODUCTS,
+    DIM_USERS,
+    EVENTS,
+    RAW_PRODUCTS,
+    RAW_USERS,
+    USER_FEATURES,
+    USER_SEGMENTS,
+)
+from lakecast.tools import cli, datagen
+from lakecast.tools.datagen import GenSpec
+from tests.assets import reference
+from tests.assets.conftest import DIMS, SEGMENTS, run_assets
 from tests.jobs.test_snapshot_pipeline import OUTPUTS, _assert_same, _inputs, _outputs
 
 pytestmark = pytest.mark.objstore
 
 BUCKET = "lakecast-test"
+SEGMENT_COLUMNS = ["user_id", "segment", "lifetime_value", "interests", "updated_day"]
 
 
 def _free_port() -> int:
@@ -100,6 +116,26 @@ def s3_lake(spark, s3_endpoint, lake, monkeypatch, request) -> Iterator[Settings
         spark.conf.unset(k)
 
 
+INPUTS = (EVENTS, DIM_PRODUCTS, USER_SEGMENTS, "feature_flags")
+
+
+def _download_inputs(s3: Settings, local: Settings) -> None:
+    """Copy the input tables (data files and ``_delta_log``) of the object-store lake to
+    the local lake with pyarrow's S3 filesystem: both lakes then hold the same Delta
+    versions of the same files (the outputs are not copied)."""
+    import pyarrow.fs as pafs
+
+    opts = objstore.storage_options(s3)
+    scheme, _, host = opts["AWS_ENDPOINT_URL"].partition("://")
+    fs = pafs.S3FileSystem(access_key=opts["AWS_ACCESS_KEY_ID"],
+                           secret_key=opts["AWS_SECRET_ACCESS_KEY"], region=opts["AWS_REGION"],
+                           endpoint_override=host, scheme=scheme)
+    for t in INPUTS:
+        src = s3.table_path(t).removeprefix("s3a://")
+        pafs.copy_files(src, local.table_path(t), source_filesystem=fs,
+                        destination_filesystem=pafs.LocalFileSystem())
+
+
 def test_object_store_lake_matches_the_local_lake(spark, s3_lake, tmp_path, capsys):
     started = time.monotonic()
     local = get_settings({**os.environ, "LAKECAST_LAKE_ROOT": str(tmp_path / "local_lake"),
@@ -111,11 +147,12 @@ def test_object_store_lake_matches_the_local_lake(spark, s3_lake, tmp_path, caps
     assert opts["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
     assert opts["AWS_ACCESS_KEY_ID"] == "test-key" and opts["AWS_ALLOW_HTTP"] == "true"
 
-    # batch layer: the broadcast tables and events, written by Spark through S3A
-    _inputs(spark, local, 0)
+    # batch layer: the broadcast tables and events, written by Spark through S3A, then the
+    # same files downloaded to the local lake (the same inputs, written once)
     _inputs(spark, s3, 0)
+    _download_inputs(s3, local)
     versions = {t: delta_io.latest_version(s3.table_path(t))  # deltalake, no Spark
-                for t in (EVENTS, DIM_PRODUCTS, USER_SEGMENTS, "feature_flags")}
+                for t in INPUTS}
     assert versions == {t: delta_io.latest_version(local.table_path(t)) for t in versions}
     assert delta_io.commit_info(s3.table_path(EVENTS), 0).operation == "WRITE"
     data_version, meta = observe_events_table(s3)  # the events source asset's observation
@@ -137,8 +174,8 @@ def test_object_store_lake_matches_the_local_lake(spark, s3_lake, tmp_path, caps
     assert r0.plan.batch_id == 0 and r0.checkpoint["checkpoint_id"] == 0
 
     # ... then a second pipeline instance restores the state from that checkpoint
-    _inputs(spark, local, 1)
     _inputs(spark, s3, 1)
+    _download_inputs(s3, local)
     assert [r.plan.batch_id for r in run_local.run()] == [1]
     second = build_pipeline(spark, s3, 1, parallelism=2, checkpoint_every=1,
                             function_id="objstore-s3b")
@@ -197,3 +234,53 @@ def test_storage_options_come_from_the_s3a_conf_else_the_aws_environment(tmp_pat
     assert "AWS_ALLOW_HTTP" not in objstore.storage_options(plain, env)
     assert objstore.options_for(str(tmp_path / "t"), plain) is None
     assert objstore.options_for("s3a://b/lake/t", plain) is not None
+
+
+def _table(spark, settings: Settings, name: str) -> pd.DataFrame:
+    return delta_io.read(spark, settings.table_path(name)).toPandas()
+
+
+def test_batch_assets_on_the_object_store_match_pandas(spark, s3_lake):
+    """The demo's batch assets that build the broadcast tables (raw tables, dim_users,
+    dim_products, then user_features and user_segments for one day), materialized by
+    Dagster with the project's resources on an ``s3a://`` lake: their tables equal the
+    independent pandas reference of the same raw rows, and their metadata the versions
+    read from the object store."""
+    s3 = s3_lake
+    assert get_spark(settings=s3) is spark  # the session now reaches the object store
+    spec = GenSpec(scale=0.01, seed=11, days=1)  # ~20 users, 10 products, ~500 events
+    datagen.generate(spark, s3, spec)
+    dims = run_assets(DIMS)  # the resources' settings come from LAKECAST_LAKE_ROOT (s3a)
+    day = spec.day_keys[0]
+    segs = run_assets(SEGMENTS, partition_key=day)
+    assert set(objstore.table_names(s3.lake_root)) >= {
+        RAW_USERS, RAW_PRODUCTS, EVENTS, DIM_USERS, DIM_PRODUCTS, USER_FEATURES, USER_SEGMENTS}
+    for result, table in ((dims, DIM_PRODUCTS), (segs, USER_SEGMENTS)):
+        (m,) = [e.materialization for e in result.get_asset_materialization_events()
+                if e.materialization.asset_key == AssetKey(table)
+                and "delta_version" in e.materialization.metadata]
+        assert m.metadata["delta_version"].value == delta_io.latest_version(
+            s3.table_path(table)) is not None
+
+    # dim_products == the pandas cleaning of the raw rows
+    pu = reference.users(_table(spark, s3, RAW_USERS))
+    pp = reference.products(_table(spark, s3, RAW_PRODUCTS))
+    exp_users = pu[pu["reason"].isna()]
+    exp_products = pp[pp["reason"].isna()].sort_values("product_id").reset_index(drop=True)
+    got = _table(spark, s3, DIM_PRODUCTS).sort_values("product_id").reset_index(drop=True)
+    got["price"] = got["price"].astype(float)  # DECIMAL(10,2) in the table
+    cols = ["product_id", "name", "category", "price"]
+    assert len(got) == len(exp_products) > 0
+    pd.testing.assert_frame_equal(got[cols], exp_products[cols], check_dtype=False)
+
+    # user_segments (one day) == the pandas features and segment rules
+    pe = reference.events(_table(spark, s3, EVENTS), exp_users, exp_products)
+    ((_, expected, changed),) = reference.record_history(
+        pe[pe["reason"].isna()], exp_users, [date.fromisoformat(day)])
+    seg = _table(spark, s3, USER_SEGMENTS)[SEGMENT_COLUMNS].sort_values("user_id")
+    seg["lifetime_value"] = seg["lifetime_value"].astype(float)
+    seg["interests"] = seg["interests"].map(list)
+    seg["updated_day"] = pd.to_datetime(seg["updated_day"]).dt.date
+    assert changed == len(expected) > 0
+    pd.testing.assert_frame_equal(seg.reset_index(drop=True), expected[SEGMENT_COLUMNS],
+                                  check_dtype=False)
