@@ -67,7 +67,6 @@ SNAPSHOT_CASTS = [f"CAST({name} AS {kind}) AS {name}"
 HEADER, MANIFEST, ENTRY = "checkpoint", "manifest", "entry"
 
 
-
 # ============================================================================ the store
 @dataclass(frozen=True)
 class CheckpointHeader:
@@ -168,9 +167,8 @@ class SnapshotStore:
 
     def write(self, header: CheckpointHeader, rows: DataFrame) -> int:
         """Write one checkpoint (all its rows) in ONE commit; returns the Delta version."""
-        # every column cast to its declared type: over Spark Connect, mapInArrow's string
-        # columns are "string collate UTF8_BINARY", which Delta then records in the
-        # table's schema and delta-rs (maintenance, direct reads) cannot open
+        # cast to the declared types: over Spark Connect mapInArrow's strings are "string
+        # collate UTF8_BINARY", a schema type that delta-rs (maintenance) cannot open
         return delta_io.write(rows.selectExpr(*SNAPSHOT_CASTS), self.path,
                               partition_by=["checkpoint_id"],
                               txn=(self.app_id, header.checkpoint_id))
