@@ -73,18 +73,23 @@ def batch_metadata(
         common["commit_to_output_seconds"] = round(written - oldest, 3)
         common["newest_commit_to_output_seconds"] = round(written - newest, 3)
     common.update(extra or {})
-    out: dict[str, dict[str, Any]] = {}
-    for asset, count_key in OUTPUTS:
-        meta = dict(common)
-        meta["batch_rows"] = int(counts.get(count_key, 0))
-        version = output_versions.get(asset, -1)
-        if version >= 0:
-            meta["delta_version"] = version
-            rows = delta_io.row_count(settings.table_path(asset), version)
-            if rows is not None:
-                meta["dagster/row_count"] = rows
-        out[asset] = meta
-    return out
+    return {asset: output_metadata(common, int(counts.get(count_key, 0)),
+                                   settings.table_path(asset), output_versions.get(asset, -1))
+            for asset, count_key in OUTPUTS}
+
+
+def output_metadata(common: Mapping[str, Any], batch_rows: int, path: str,
+                    version: int) -> dict[str, Any]:
+    """One output table's materialization metadata: ``common``, the batch's rows under
+    ``batch_rows`` and, when the batch committed ``version`` (>= 0), that version and the
+    table's rows after it (``dagster/row_count``)."""
+    meta = {**common, "batch_rows": batch_rows}
+    if version >= 0:
+        meta["delta_version"] = version
+        rows = delta_io.row_count(path, version)
+        if rows is not None:
+            meta["dagster/row_count"] = rows
+    return meta
 
 
 def result_metadata(settings: Settings, result: BatchResult) -> dict[str, dict[str, Any]]:

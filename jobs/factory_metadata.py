@@ -16,6 +16,7 @@ from typing import Any
 
 from dagster import MetadataValue
 
+from jobs.batch_metadata import output_metadata
 from jobs.declaration import PipelineDeclaration
 from jobs.enrichment_pipeline import VERSIONS_TAG
 from lakecast.config import Settings
@@ -117,15 +118,6 @@ def batch_metadata(
     }
     if written is not None and oldest is not None:
         common["latency_seconds"] = round(written - oldest, 3)
-    out: dict[str, dict[str, Any]] = {}
-    for table, key in decl.outputs:
-        meta = dict(common)
-        meta["batch_rows"] = int(counts.get(key, 0))
-        version = result.output_versions.get(table, -1)
-        if version >= 0:
-            meta["delta_version"] = version
-            rows = delta_io.row_count(settings.table_path(table), version)
-            if rows is not None:
-                meta["dagster/row_count"] = rows
-        out[table] = meta
-    return out
+    return {table: output_metadata(common, int(counts.get(key, 0)), settings.table_path(table),
+                                   result.output_versions.get(table, -1))
+            for table, key in decl.outputs}
