@@ -27,13 +27,12 @@ RECORD = ["segment", "lifetime_value", "interests"]
 CHANGES = ("insert", "update_postimage", "delete")
 
 
-def _records(spark, path: str, version: int | None) -> pd.DataFrame:
-    if version is None:
-        return pd.DataFrame(columns=["user_id", *RECORD]).set_index("user_id")
+def _records(spark, path: str, version: int) -> tuple[pd.DataFrame, str]:
+    """The table's records at ``version`` and its newest ``updated_day``."""
     df = delta_io.read(spark, path, version=version).toPandas().set_index("user_id")
     df["lifetime_value"] = df["lifetime_value"].astype(float)
     df["interests"] = df["interests"].map(tuple)
-    return df[RECORD]
+    return df[RECORD], str(df["updated_day"].max())
 
 
 def changed_users(before: pd.DataFrame, after: pd.DataFrame) -> int:
@@ -49,19 +48,19 @@ def commit_report(spark, path: str) -> list[dict]:
     """Per version of the table: rows in its commit vs users whose record changed."""
     latest = delta_io.latest_version(path, spark)
     assert latest is not None
-    rows, previous = [], None
+    rows = []
+    previous = pd.DataFrame(columns=["user_id", *RECORD]).set_index("user_id")
     for v in range(latest + 1):
-        current = _records(spark, path, v)
+        current, day = _records(spark, path, v)
         if v == 0:
             in_commit = len(current)  # the creating write: every row is in it
         else:
             cdf = delta_io.read_changes(spark, path, v, v).toPandas()
             in_commit = int(cdf["_change_type"].isin(CHANGES).sum())
-        changed = changed_users(_records(spark, path, previous), current)
-        day = delta_io.read(spark, path, version=v).toPandas()["updated_day"].max()
-        rows.append({"version": v, "day": str(day), "rows_in_commit": in_commit,
+        changed = changed_users(previous, current)
+        rows.append({"version": v, "day": day, "rows_in_commit": in_commit,
                      "changed_users": changed})  # fmt: skip
-        previous = v
+        previous = current
     return rows
 
 
