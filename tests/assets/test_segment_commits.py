@@ -8,6 +8,7 @@ from datetime import date
 
 import pandas as pd
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
+from deltalake import DeltaTable
 
 from lakecast.delta import io as delta_io
 from lakecast.tables import (
@@ -27,9 +28,10 @@ RECORD = ["segment", "lifetime_value", "interests"]
 CHANGES = ("insert", "update_postimage", "delete")
 
 
-def _records(spark, path: str, version: int) -> tuple[pd.DataFrame, str]:
-    """The table's records at ``version`` and its newest ``updated_day``."""
-    df = delta_io.read(spark, path, version=version).toPandas().set_index("user_id")
+def _records(path: str, version: int) -> tuple[pd.DataFrame, str]:
+    """The table's records at ``version`` and its newest ``updated_day`` (read with
+    ``deltalake``, independently of Spark)."""
+    df = DeltaTable(path, version=version).to_pandas().set_index("user_id")
     df["lifetime_value"] = df["lifetime_value"].astype(float)
     df["interests"] = df["interests"].map(tuple)
     return df[RECORD], str(df["updated_day"].max())
@@ -44,18 +46,18 @@ def changed_users(before: pd.DataFrame, after: pd.DataFrame) -> int:
     return len(inserted) + len(deleted) + int(differs.sum())
 
 
-def commit_report(spark, path: str) -> list[dict]:
+def commit_report(path: str) -> list[dict]:
     """Per version of the table: rows in its commit vs users whose record changed."""
-    latest = delta_io.latest_version(path, spark)
-    assert latest is not None
+    latest = DeltaTable(path).version()
     rows = []
     previous = pd.DataFrame(columns=["user_id", *RECORD]).set_index("user_id")
     for v in range(latest + 1):
-        current, day = _records(spark, path, v)
+        current, day = _records(path, v)
         if v == 0:
             in_commit = len(current)  # the creating write: every row is in it
         else:
-            cdf = delta_io.read_changes(spark, path, v, v).toPandas()
+            cdf = DeltaTable(path).load_cdf(starting_version=v, ending_version=v).read_all()
+            cdf = cdf.select(["_change_type"]).to_pandas()
             in_commit = int(cdf["_change_type"].isin(CHANGES).sum())
         changed = changed_users(previous, current)
         rows.append({"version": v, "day": day, "rows_in_commit": in_commit,
@@ -71,7 +73,7 @@ def test_daily_commits_hold_exactly_the_users_whose_record_changed(spark, lake):
         run_assets(SEGMENTS, partition_range=(WEEK.day_keys[0], WEEK.day_keys[-1]),
                    instance=instance)  # fmt: skip
     path = lake.table_path(USER_SEGMENTS)
-    report = commit_report(spark, path)
+    report = commit_report(path)
     print(f"\n{'version':>7} {'day':>11} {'rows in commit':>15} {'users changed':>14} {'ratio':>6}")
     for r in report:
         ratio = r["rows_in_commit"] / r["changed_users"]

@@ -33,3 +33,33 @@ def test_demo_materializes_through_named_jobs(spark, lake):
         # every check of the selected assets ran in the named jobs, and passed
         assert dims.get_asset_check_evaluations() and segs.get_asset_check_evaluations()
     assert delta_io.latest_version(lake.table_path(USER_SEGMENTS)) is not None
+
+
+def test_fraud_tour_runs_the_factory_job_over_two_rules_versions(spark, lake):
+    """The demo's fraud section: a run per rules version, BLOCK alerts only while the demo's
+    BLOCK rule is enabled; every line's figures are the outputs' rows of that batch."""
+    import json
+
+    from jobs.demo_pipelines import DISABLED_RULE, fraud_tour, reset_pipeline
+    from jobs.fraud import FRAUD, FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_RULES
+    from lakecast.delta import io as delta_io
+
+    assert reset_pipeline(lake, FRAUD) == []  # a fresh lake: nothing to remove
+    with DagsterInstance.ephemeral() as instance:
+        lines = fraud_tour(instance)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"{FRAUD_RULES} v0 (all enabled): 200 transactions")
+    assert lines[1].startswith(f"{FRAUD_RULES} v1 ({DISABLED_RULE} disabled): 200 transactions")
+    counts = {}
+    for table in (FRAUD_ALERTS, FRAUD_REVIEW):
+        frame = delta_io.read(spark, lake.table_path(table)).toPandas()
+        versions = frame["_state_version"].map(lambda s: json.loads(s)[FRAUD_RULES])
+        counts[table] = versions.value_counts().to_dict()
+    blocks = counts[FRAUD_ALERTS]
+    assert blocks.get(0, 0) > 0 and blocks.get(1, 0) == 0, blocks
+    for v, line in enumerate(lines):
+        reviews = counts[FRAUD_REVIEW].get(v, 0)
+        assert f"-> {blocks.get(v, 0)} BLOCK alerts, {reviews} REVIEW alerts" in line, line
+    assert sorted(reset_pipeline(lake, FRAUD)) == sorted(
+        [FRAUD.events_table, *FRAUD.broadcast_tables, *(t for t, _ in FRAUD.outputs),
+         FRAUD.state_table])  # fmt: skip
