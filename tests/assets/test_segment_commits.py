@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import date
 
 import pandas as pd
+import pyarrow as pa
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
 from deltalake import DeltaTable
 
@@ -56,8 +57,8 @@ def commit_report(path: str) -> list[dict]:
         if v == 0:
             in_commit = len(current)  # the creating write: every row is in it
         else:
-            cdf = DeltaTable(path).load_cdf(starting_version=v, ending_version=v).read_all()
-            cdf = cdf.select(["_change_type"]).to_pandas()
+            feed = DeltaTable(path).load_cdf(starting_version=v, ending_version=v)
+            cdf = pa.table(feed.read_all()).select(["_change_type"]).to_pandas()
             in_commit = int(cdf["_change_type"].isin(CHANGES).sum())
         changed = changed_users(previous, current)
         rows.append({"version": v, "day": day, "rows_in_commit": in_commit,
