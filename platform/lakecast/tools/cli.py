@@ -11,6 +11,7 @@
     lakecast snapshots list | show ID | diff A B | restore ID   # broadcast state checkpoints
     lakecast server start | stop | status                  # the Lakecast Spark server
     lakecast cluster up | down | status | add-worker       # a local standalone cluster
+    lakecast replay enrichment --from 3 --to 7 --state original|latest|TIMESTAMP
 
 Paths come from :mod:`lakecast.config` (``LAKECAST_LAKE_ROOT`` etc.).
 """
@@ -212,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lakecast.tools.snapshot_cli import add_parser as add_snapshots
 
     add_snapshots(sub)
+    from lakecast.tools.replay_cli import add_parser as add_replay
+
+    add_replay(sub)
     return parser
 
 
