@@ -121,12 +121,12 @@ def parse_time(text: str) -> dt.datetime:
 
 def versions_at(pipeline: MicroBatchPipeline, when: dt.datetime) -> dict[str, int]:
     """Each broadcast table's newest version committed at or before ``when``."""
-    ms = int(when.timestamp() * 1000)
+    ms, spark = int(when.timestamp() * 1000), pipeline.spark
     out = {}
     for table in pipeline.spec.broadcast_tables:
         path = pipeline.table_path(table)
-        v = delta_io.latest_version(path, pipeline.spark)
-        while v is not None and v >= 0 and delta_io.commit_info(path, v).timestamp_ms > ms:
+        v = delta_io.latest_version(path, spark)
+        while v is not None and v >= 0 and delta_io.commit_info(path, v, spark).timestamp_ms > ms:
             v -= 1
         if v is None or v < 0:
             raise ReplayError(f"{table} has no version committed at or before "
@@ -188,8 +188,9 @@ def replay(pipeline: MicroBatchPipeline, into: str, *, first: int | None = None,
     prev, batches = select(history(pipeline), spec.name, first, last)
     fixed = fixed_state(pipeline, state)
     live = pipeline.runtime
+    function = getattr(live, "user_function", live.function)  # unwrapped (snapshotting)
     runtime = BroadcastRuntime(
-        pipeline.spark, live.function, live.tables, timestamp_column=live.timestamp_column,
+        pipeline.spark, function, live.tables, timestamp_column=live.timestamp_column,
         parallelism=live.parallelism, state_budget_bytes=live.state_budget_bytes,
         reload_if=live.reload_if)
     held = pipeline.held
