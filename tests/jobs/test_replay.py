@@ -1,13 +1,15 @@
 """``lakecast replay``: committed batches of the enrichment pipeline re-run into a replay
 table, at their original broadcast versions (an audit: exact match, or a mismatch once
-the output is tampered with) and at today's (checked against an independent pandas
-enrichment). One lake for the module: two batches over two broadcast versions, an event
-held in the first and enriched in the second, then newer broadcast versions."""
+the output is tampered with) and at the newest ones (checked against an independent
+pandas enrichment). One lake for the module: two batches over two broadcast versions,
+product-5 events held in the first and enriched in the second."""
 
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from jobs.enrichment_pipeline import ENRICHED_EVENTS, build_pipeline
 from lakecast.config import get_settings
@@ -23,17 +25,12 @@ COLS = ["event_id", "user_id", "product_category", "product_price", "segment",
         "vip_discount_pct"]
 
 
-def _products(*extra: tuple[int, str, str, float]) -> pd.DataFrame:
-    rows = pd.DataFrame(extra, columns=["product_id", "name", "category", "price"])
-    return pd.concat([ml.products(), rows], ignore_index=True)
-
-
 @pytest.fixture(scope="module")
 def replay_lake(spark, tmp_path_factory):
-    """Batch 0 at products v0 / segments v1 / 10% (product 5 unknown: its events held);
-    batch 1 at products v1 (product 5 added: the held events enriched) / segments v2 /
-    25%; then products v2 (product 2's price) and 35%: the state a ``latest`` replay uses.
-    Yields the settings and the two batches' events."""
+    """Batch 0 at products v0 / segments v0 / 10% (product 5 unknown: its events held);
+    batch 1 at products v1 (product 5 added: the held events enriched) / segments v1 (user
+    5 VIP) / 25%, the newest versions. Yields the settings, the two batches' events and the
+    newest products and segments. (Small appends with delta-rs: a Spark MERGE costs ~2 s.)"""
     root = tmp_path_factory.mktemp("replay")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAKECAST_LAKE_ROOT", str(root / "lake"))
@@ -44,27 +41,22 @@ def replay_lake(spark, tmp_path_factory):
         lake.ensure_local_dirs()
         ml.build(spark, lake)
         a, b = ml.events(0, 24, seed=1), ml.events(1000, 24, seed=2)
-        assert (a.product_id == 5).any() and (b.product_id == 5).any()
         pipeline = build_pipeline(spark, lake, 1, checkpoint_every=None)
         ml.write_events(spark, lake, a)
         assert [r.counts.get("held", 0) > 0 for r in pipeline.run()] == [True]
-        products = lake.table_path(DIM_PRODUCTS)
-        delta_io.merge_upsert(spark, spark.createDataFrame(_products((5, "p5", "garden", 50.0))),
-                              products, keys=["product_id"])
-        segs2 = pd.DataFrame({"user_id": [1, 5], "segment": ["CHURNING", "VIP"]})
-        delta_io.merge_upsert(spark, spark.createDataFrame(segs2),
-                              lake.table_path(USER_SEGMENTS), keys=["user_id"])
+        p5 = pd.DataFrame({"product_id": [5], "name": ["p5"], "category": ["garden"],
+                           "price": [50.0]})
+        u5 = pd.DataFrame({"user_id": [5], "segment": ["VIP"]})
+        for frame, table in ((p5, DIM_PRODUCTS), (u5, USER_SEGMENTS)):
+            delta_io.append_arrow(pa.Table.from_pandas(frame, preserve_index=False),
+                                  lake.table_path(table))
         flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "25")
         ml.write_events(spark, lake, b)
         [r] = pipeline.run()
+        assert r.state_version == {DIM_PRODUCTS: 1, USER_SEGMENTS: 1, "feature_flags": 1}
         assert r.counts["held_retried"] > 0 and r.counts["held"] == 0
-        today = _products((5, "p5", "garden", 50.0)).assign(
-            price=lambda d: d.price.where(d.product_id != 2, 22.0))
-        delta_io.merge_upsert(spark, spark.createDataFrame(today), products,
-                              keys=["product_id"])
-        flags.set_flag(spark, lake.table_path("feature_flags"), "vip_discount", "35")
-        segs = pd.concat([ml.segments_v1()[lambda d: d.user_id != 1], segs2])
-        yield lake, [a, b], today, segs
+        yield (lake, [a, b], pd.concat([ml.products(), p5]),
+               pd.concat([ml.segments_v1(), u5]))
 
 
 def _read(spark, lake, table: str) -> pd.DataFrame:
@@ -93,22 +85,25 @@ def test_original_replay_reproduces_the_output_exactly(spark, replay_lake, capsy
     assert {ml.versions(v)["dim_products"] for v in p5._state_version} == {1}
 
 
-def test_latest_replay_is_an_enrichment_with_todays_tables(spark, replay_lake, capsys):
-    lake, batches, today, segs = replay_lake
+def test_latest_replay_is_an_enrichment_with_the_newest_tables(spark, replay_lake, capsys):
+    lake, batches, newest, segs = replay_lake
     assert cli.main(["replay", "enrichment", "--state", "latest", "--into", "what_if"]) == 0
     out = capsys.readouterr().out
-    assert "dim_products@v2, feature_flags@v2, user_segments@v1" in out
+    assert "dim_products@v1, feature_flags@v1, user_segments@v1" in out
     got = _read(spark, lake, "what_if")
-    assert {ml.versions(v)["dim_products"] for v in got._state_version} == {2}
+    assert set(got[rp.REPLAY_BATCH]) == {0, 1}
+    assert {ml.versions(v)["dim_products"] for v in got._state_version} == {1}
     prior, want = None, []
-    for ev in batches:  # pandas, batch by batch (cross-batch dedup), today's tables
-        o = ml.expected(ev, segs, 35.0, today, prior=prior)
+    for ev in batches:  # pandas, batch by batch (cross-batch dedup), the newest tables
+        o = ml.expected(ev, segs, 25.0, newest, prior=prior)
         prior = pd.concat([prior, o["accepted"]]) if prior is not None else o["accepted"]
-        assert o["unmatched"].empty  # product 5 is known today: nothing held
+        assert o["unmatched"].empty  # product 5 is known now: nothing held
         want.append(o["enriched"])
     pd.testing.assert_frame_equal(_sorted(got, COLS), _sorted(pd.concat(want), COLS),
                                   check_dtype=False)
-    assert (got.product_price == 22.0).any()
+    # batch 0 differs from what it wrote: product 5 enriched at once, 25% for VIPs
+    first = got[got[rp.REPLAY_BATCH] == 0]
+    assert (first.product_id == 5).any() and (first.vip_discount_pct == 25.0).any()
 
 
 def test_versions_as_of_a_timestamp(spark, replay_lake):
@@ -118,8 +113,13 @@ def test_versions_as_of_a_timestamp(spark, replay_lake):
     at = delta_io.commit_info(path, 1).timestamp_ms
     when = pd.Timestamp(at, unit="ms", tz="UTC").to_pydatetime()
     assert rp.versions_at(pipeline, when)[DIM_PRODUCTS] == 1
+    # feature_flags v0 came last: then every table was at v0 (a naive timestamp is UTC)
+    v0 = delta_io.commit_info(lake.table_path("feature_flags"), 0).timestamp_ms
+    naive = str(pd.Timestamp(v0, unit="ms"))
+    assert rp.fixed_state(pipeline, naive) == {
+        DIM_PRODUCTS: 0, USER_SEGMENTS: 0, "feature_flags": 0}
     assert rp.fixed_state(pipeline, rp.LATEST) == {
-        DIM_PRODUCTS: 2, USER_SEGMENTS: 1, "feature_flags": 2}
+        DIM_PRODUCTS: 1, USER_SEGMENTS: 1, "feature_flags": 1}
     with pytest.raises(rp.ReplayError, match="no version committed at or before"):
         rp.versions_at(pipeline, when.replace(year=2000))
 
@@ -143,8 +143,8 @@ def test_tampered_output_is_a_mismatch(spark, replay_lake, capsys):
     lake, _, _, _ = replay_lake
     path = lake.table_path(ENRICHED_EVENTS)
     target = int(_read(spark, lake, ENRICHED_EVENTS).event_id.max())
-    spark.sql(f"UPDATE {delta_io.table_ref(path)} SET product_price = 999.0 "
-              f"WHERE event_id = {target}")
+    DeltaTable(path).update(predicate=f"event_id = {target}",  # (delta-rs: no Spark job)
+                            updates={"product_price": "999.0"})
     assert cli.main(["replay", "enrichment", "--from", "1", "--to", "1"]) == MISMATCH
     out = capsys.readouterr().out
     assert ("MISMATCH: batches 1..1" in out and "0 original rows not reproduced, 0 replayed "

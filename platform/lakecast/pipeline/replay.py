@@ -98,13 +98,13 @@ def select(done: list[tuple[BatchPlan, BatchCommit]], name: str, first: int | No
     span = f"committed batches of {name!r}: {ids[0]}..{ids[-1]}"
     first = ids[0] if first is None else first
     last = ids[-1] if last is None else last
-    if first > last:
-        raise ReplayError(f"--from {first} is after --to {last}; give --from <= --to ({span})")
     for flag, b in (("--from", first), ("--to", last)):
         if b not in ids:
             why = ("; batches a rewind abandoned are not replayable"
                    if ids[0] <= b <= ids[-1] else "")
             raise ReplayError(f"{flag} {b} is not a committed batch ({span}{why})")
+    if first > last:
+        raise ReplayError(f"--from {first} is after --to {last}; give --from <= --to ({span})")
     i, j = ids.index(first), ids.index(last)
     return (done[i - 1][1] if i else None), done[i:j + 1]
 
@@ -262,7 +262,7 @@ def compare(pipeline: MicroBatchPipeline, into: str, batches: list[ReplayedBatch
     replayed = replayed.select(*cols)
     current = delta_io.read(spark, path).select(*cols)
     return Verdict(
-        replayed=replayed.count(), original=written.count(),
+        replayed=sum(b.rows for b in batches), original=written.count(),
         missing=written.exceptAll(replayed).count(), extra=replayed.exceptAll(written).count(),
         gone=written.exceptAll(current).count())
 
