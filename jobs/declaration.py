@@ -55,6 +55,8 @@ class PipelineDeclaration:
     description: str = ""
     descriptions: Mapping[str, str] = field(default_factory=dict)
     group_name: str | None = None
+    #: the ``events_fresh`` check fails when an events version older than this is unprocessed
+    freshness_seconds: float = 900.0
 
     @property
     def keyed(self) -> bool:

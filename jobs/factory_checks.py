@@ -7,21 +7,25 @@ Spark):
   rejected) holds exactly the rows its batches reported, at the versions the last batch
   committed;
 * ``broadcast_versions_accepted`` (on the main output): the newest version of every
-  broadcast table passes the function's table contracts.
+  broadcast table passes the function's table contracts;
+* ``events_fresh`` (on the main output): no events version committed more than the
+  declaration's ``freshness_seconds`` ago is left unprocessed.
 """
 
+import time
 from typing import Any
 
 from dagster import AssetCheckResult, AssetChecksDefinition, MetadataValue, asset_check
 
 from assets.resources import LakeResource
 from jobs.declaration import PipelineDeclaration
+from jobs.factory_metadata import lag
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
 
-__all__ = ["counts_reconcile", "newest_versions_refused", "pipeline_checks"]
+__all__ = ["counts_reconcile", "events_freshness", "newest_versions_refused", "pipeline_checks"]
 
 
 def surviving_batches(
@@ -104,6 +108,31 @@ def newest_versions_refused(
     return newest, refused
 
 
+def events_freshness(
+    decl: PipelineDeclaration, settings: Settings, now: float | None = None
+) -> tuple[bool, str | None, dict[str, Any]]:
+    """``(passed, problem, metadata)``: whether every events version committed more than
+    ``decl.freshness_seconds`` before ``now`` is processed by a committed batch."""
+    plans, commits = read_log(progress_path(settings.checkpoint_root, decl.name))
+    batches = surviving_batches(plans, commits)
+    end = batches[-1][0].events_end if batches else -1
+    now = time.time() if now is None else now
+    behind, age = lag(decl, settings, end, now)
+    meta = {
+        "processed_through_version": end,
+        "unprocessed_versions": behind,
+        "oldest_unprocessed_seconds": age,
+        "bound_seconds": decl.freshness_seconds,
+    }
+    if age <= decl.freshness_seconds:
+        return True, None, meta
+    return False, (
+        f"{decl.events_table}: {behind} version(s) after v{end} unprocessed, the oldest "
+        f"committed {age:.0f} s ago (bound {decl.freshness_seconds:.0f} s): start the "
+        f"{decl.sensor_name} sensor or run {decl.job_name}"
+    ), meta
+
+
 def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
     """The pipeline's asset checks, on its main output asset."""
 
@@ -136,4 +165,14 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
             description="; ".join(why for r in refused for why in r["reasons"]) or None,
         )
 
-    return [check_counts, check_versions]
+    @asset_check(
+        asset=decl.output_table,
+        name="events_fresh",
+        description=f"No version of {decl.events_table} committed more than "
+        f"{decl.freshness_seconds:.0f} s ago is left unprocessed.",
+    )
+    def check_fresh(lake: LakeResource) -> AssetCheckResult:
+        passed, problem, meta = events_freshness(decl, lake.settings())
+        return AssetCheckResult(passed=passed, metadata=meta, description=problem)
+
+    return [check_counts, check_versions, check_fresh]

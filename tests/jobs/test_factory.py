@@ -49,6 +49,7 @@ def test_a_broadcast_declaration_gives_job_assets_sensor_and_checks():
     assert {c.name for checks in made.checks for c in checks.check_specs} == {
         "counts_reconcile",
         "broadcast_versions_accepted",
+        "events_fresh",
     }
 
 

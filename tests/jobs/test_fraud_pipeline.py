@@ -20,7 +20,7 @@ from dagster import AssetKey, DagsterInstance, SensorResult, SkipReason, build_s
 from examples.common import Step, sorted_rows
 from examples.fraud_detection import MINUTE, reference
 from jobs.enrichment_pipeline import VERSIONS_TAG
-from jobs.factory_checks import counts_reconcile, newest_versions_refused
+from jobs.factory_checks import counts_reconcile, events_freshness, newest_versions_refused
 from jobs.fraud import (
     FRAUD,
     FRAUD_ALERTS,
@@ -163,7 +163,8 @@ def test_fraud_job_over_three_rules_versions_matches_the_reference(spark, lake):
                 meta[t]["batch_rows"] for t in (FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_REJECTED)
             ] == [m["outputs"], m["side_review"], m["rejected"]]
             checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
-            assert checks == {"counts_reconcile": True, "broadcast_versions_accepted": True}
+            assert checks == {"counts_reconcile": True, "broadcast_versions_accepted": True,
+                              "events_fresh": True}
             # caught up: nothing new
             assert "no new Delta versions" in skip_message(tick(instance, cursor))
 
@@ -213,6 +214,20 @@ def test_fraud_job_over_three_rules_versions_matches_the_reference(spark, lake):
         assert newest == {FRAUD_RULES: 3} and [r["version"] for r in refused] == [3]
         assert counts_reconcile(FRAUD, lake)[0]
 
+        # freshness: caught up, then a transactions commit left unprocessed past the bound
+        passed, problem, meta = events_freshness(FRAUD, lake)
+        assert passed and problem is None and meta["unprocessed_versions"] == 0
+        assert meta["processed_through_version"] == len(RULE_VERSIONS) - 1
+        append_transactions(spark, tx_path, batch_events(len(RULE_VERSIONS)))
+        committed = delta_io.commit_info(tx_path, len(RULE_VERSIONS)).timestamp_ms / 1000
+        assert events_freshness(FRAUD, lake, now=committed + FRAUD.freshness_seconds)[0]
+        passed, problem, meta = events_freshness(
+            FRAUD, lake, now=committed + FRAUD.freshness_seconds + 60)
+        assert not passed and meta["unprocessed_versions"] == 1
+        assert meta["oldest_unprocessed_seconds"] == FRAUD.freshness_seconds + 60
+        assert f"{TRANSACTIONS}: 1 version(s) after v2 unprocessed" in problem, problem
+        assert FRAUD.sensor_name in problem and FRAUD.job_name in problem
+
     # every table of the pipeline has the columns assets/columns.py declares for it
     assert not column_mismatches(spark, lake, FRAUD_TABLES)
 
@@ -255,6 +270,7 @@ def test_definitions_hold_the_fraud_pipeline():
     assert {
         (FRAUD_ALERTS, "counts_reconcile"),
         (FRAUD_ALERTS, "broadcast_versions_accepted"),
+        (FRAUD_ALERTS, "events_fresh"),
     } <= checks
     # the hand-wired pipeline is unchanged
     assert defs.resolve_sensor_def("broadcast_versions_sensor").job_name == "enrichment_microbatch"
@@ -301,4 +317,4 @@ def test_graphql_lists_the_fraud_job_sensor_assets_and_checks():
         FRAUD_RULES,
     }
     checks = {c["name"] for c in nodes[FRAUD_ALERTS]["assetChecksOrError"]["checks"]}
-    assert checks == {"counts_reconcile", "broadcast_versions_accepted"}
+    assert checks == {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"}
