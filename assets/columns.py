@@ -67,6 +67,35 @@ _FRAUD_ALERT: tuple[Column, ...] = (
                                  "reproduces it)."),
 )  # fmt: skip
 
+#: a micro-batch pipeline's progress log (jobs/maintenance.py maintains it)
+_PROGRESS: tuple[Column, ...] = (
+        ("batch_id", "bigint", "The micro-batch this row is about."),
+        ("kind", "string", "plan (written before the batch runs) or commit (after its "
+                           "outputs are written); a restore row marks a rewind."),
+        ("events_start", "bigint", "The batch reads events versions after this one (-1: "
+                                   "from the start)."),
+        ("events_end", "bigint", "... up to and including this events version."),
+        ("broadcast_versions", "string", "JSON {table: Delta version}: the batch's broadcast "
+                                         "state version."),
+        ("counts", "string", "JSON counts of a committed batch (events in, per output)."),
+        ("recorded_at_ms", "bigint", "When the row was written (epoch ms, UTC)."),
+        ("output_versions", "string", "JSON {output table: Delta version} after the commit "
+                                      "(what a rewind rolls the outputs back to)."),
+        ("refused", "string", "JSON list of broadcast versions refused at planning, with "
+                              "their reasons."),
+    )
+#: a keyed pipeline's state table (lakecast.runtime.keyed_store), maintained by its
+#: <name>_maintenance_job (jobs/factory_maintenance.py)
+_KEYED_STATE: tuple[Column, ...] = (
+    ("_key_group", "int", "The key's group (-1: the __meta__ row)."),
+    ("_key", "string", "The key as canonical JSON."),
+    ("_state", "binary", "The key's states and timers as typed JSON (null: deleted)."),
+    ("_next_event_timer", "bigint", "The key's next event-time timer (ms)."),
+    ("_next_proc_timer", "bigint", "The key's next processing-time timer (ms)."),
+    ("_expires_at", "bigint", "When the key's next TTL entry expires (ms)."),
+    ("_batch", "bigint", "The batch that wrote the row."),
+)
+
 COLUMNS: dict[str, tuple[Column, ...]] = {
     RAW_USERS: (
         ("user_id", "bigint", "User id (null in malformed rows)."),
@@ -163,22 +192,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
                             "log)."),
     ),
     # the pipeline's own tables (assets of the maintenance job: jobs/maintenance.py)
-    "enrichment_progress": (
-        ("batch_id", "bigint", "The micro-batch this row is about."),
-        ("kind", "string", "plan (written before the batch runs) or commit (after its "
-                           "outputs are written); a restore row marks a rewind."),
-        ("events_start", "bigint", "The batch reads events versions after this one (-1: "
-                                   "from the start)."),
-        ("events_end", "bigint", "... up to and including this events version."),
-        ("broadcast_versions", "string", "JSON {table: Delta version}: the batch's broadcast "
-                                         "state version."),
-        ("counts", "string", "JSON counts of a committed batch (events in, per output)."),
-        ("recorded_at_ms", "bigint", "When the row was written (epoch ms, UTC)."),
-        ("output_versions", "string", "JSON {output table: Delta version} after the commit "
-                                      "(what a rewind rolls the outputs back to)."),
-        ("refused", "string", "JSON list of broadcast versions refused at planning, with "
-                              "their reasons."),
-    ),
+    "enrichment_progress": _PROGRESS,
+    "fraud_progress": _PROGRESS,
+    "fraud_keyed_state": _KEYED_STATE,
     "enrichment_snapshots": (
         ("checkpoint_id", "bigint", "The checkpoint (also the table's partition column)."),
         ("kind", "string", "checkpoint (header), manifest (one per task and state) or entry."),

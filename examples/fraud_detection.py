@@ -47,8 +47,13 @@ RULES = MapStateDescriptor("fraud_rules", str, dict)
 #: keyed: rule_id -> {tx_id, amount, ts, deadline} of the last small transaction
 SMALL_TX = ValueStateDescriptor("small_tx", dict)
 #: keyed: merchant -> ts of the user's last transaction there (expires after the TTL)
-SEEN_MERCHANTS = MapStateDescriptor("seen_merchants", str, int).enable_time_to_live(
-    StateTtlConfig.new_builder(MERCHANT_TTL).build())
+def seen_merchants(ttl: dt.timedelta) -> MapStateDescriptor:
+    """The ``seen_merchants`` state with a merchant TTL of ``ttl``."""
+    return MapStateDescriptor("seen_merchants", str, int).enable_time_to_live(
+        StateTtlConfig.new_builder(ttl).build())
+
+
+SEEN_MERCHANTS = seen_merchants(MERCHANT_TTL)
 
 ALERT_SCHEMA = pa.schema([
     ("rule_id", pa.string()), ("user_id", pa.string()), ("small_tx_id", pa.int64()),
@@ -66,12 +71,16 @@ class FraudDetector(KeyedBroadcastProcessFunction):
     """Small-then-large at a new merchant, per user and rule; BLOCK -> main, REVIEW -> side."""
 
     key_by = "user_id"
+    #: how long a merchant counts as used before (a subclass may shorten it)
+    merchant_ttl: dt.timedelta = MERCHANT_TTL
 
     def state_descriptors(self) -> list[MapStateDescriptor]:
         return [RULES]
 
     def keyed_state_descriptors(self) -> list[Any]:
-        return [SMALL_TX, SEEN_MERCHANTS]
+        seen = SEEN_MERCHANTS if self.merchant_ttl == MERCHANT_TTL \
+            else seen_merchants(self.merchant_ttl)
+        return [SMALL_TX, seen]
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         return ALERT_SCHEMA

@@ -21,7 +21,8 @@ class CheckpointPolicy:
     """How state is made durable. Broadcast functions: checkpoint the task-local state
     every ``every`` committed batches (``None``: never), keep ``keep`` checkpoints. Keyed
     functions: their state is versioned in Delta with every batch; ``every`` compacts the
-    keyed state table every N batches."""
+    keyed state table every N batches, and maintenance keeps the newest ``keep`` committed
+    batches rewindable (:func:`lakecast.snapshots.horizon.batch_horizon`)."""
 
     every: int | None = 10
     keep: int | None = 10
@@ -65,6 +66,10 @@ class PipelineDeclaration:
     @property
     def job_name(self) -> str:
         return f"{self.name}_microbatch"
+
+    @property
+    def maintenance_job_name(self) -> str:
+        return f"{self.name}_maintenance_job"
 
     @property
     def sensor_name(self) -> str:

@@ -63,12 +63,15 @@ FACTORY_PIPELINES = (FRAUD_PIPELINE,)
 defs = Definitions(
     executor=in_process_executor,
     assets=[*BATCH_ASSETS, events, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS,
-            *(p.assets for p in FACTORY_PIPELINES), fraud_rules, transactions],
+            *(p.assets for p in FACTORY_PIPELINES), fraud_rules, transactions,
+            *(s for p in FACTORY_PIPELINES for s in p.maintenance.specs)],
     asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted, state_budget,
                   *(c for p in FACTORY_PIPELINES for c in p.checks)],
     jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
-          enrichment_continuous, lake_maintenance_job, *(p.job for p in FACTORY_PIPELINES)],
-    schedules=[daily_segment_refresh, lake_maintenance],
+          enrichment_continuous, lake_maintenance_job, *(p.job for p in FACTORY_PIPELINES),
+          *(p.maintenance.job for p in FACTORY_PIPELINES)],
+    schedules=[daily_segment_refresh, lake_maintenance,
+               *(p.maintenance.schedule for p in FACTORY_PIPELINES)],
     sensors=[broadcast_versions_sensor, *(p.sensor for p in FACTORY_PIPELINES)],
     resources={
         "pyspark": LakecastSparkResource(),

@@ -12,7 +12,9 @@ and the checkpoint policy. :func:`declare_pipeline` turns it into:
 * ``<name>_sensor``: requests a run when the events or a broadcast table has a new Delta
   version (:mod:`jobs.factory_sensor`);
 * asset checks ``counts_reconcile`` and ``broadcast_versions_accepted``
-  (:mod:`jobs.factory_checks`).
+  (:mod:`jobs.factory_checks`);
+* ``<name>_maintenance_job`` and its schedule ``<name>_maintenance``: OPTIMIZE, VACUUM and
+  log checkpoints of the pipeline's tables (:mod:`jobs.factory_maintenance`).
 
 The engine part is :meth:`PipelineDeclaration.build` (:mod:`lakecast.build`); the
 enrichment job (:mod:`jobs.microbatch`) is still wired by hand.
@@ -42,6 +44,7 @@ from assets.resources import LakecastSparkResource, LakeResource
 from jobs.declaration import CheckpointPolicy, PipelineDeclaration
 from jobs.enrichment_pipeline import EXCLUSIVE_TAG
 from jobs.factory_checks import pipeline_checks
+from jobs.factory_maintenance import MaintenanceDefinitions, declare_maintenance
 from jobs.factory_metadata import batch_metadata, requested_versions
 from jobs.factory_sensor import pipeline_sensor
 from jobs.runs import QUIET_RUN_LOGS, RUNNING, active_runs
@@ -83,6 +86,8 @@ class PipelineDefinitions:
     job: Any
     sensor: SensorDefinition
     checks: list[AssetChecksDefinition]
+    #: ``<name>_maintenance_job``, its schedule and the internal tables' assets
+    maintenance: MaintenanceDefinitions
 
 
 def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
@@ -110,14 +115,17 @@ def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
     return specs
 
 
-def refuse_second_writer(context: AssetExecutionContext, job_name: str) -> None:
-    """Fail (nothing written) when another run of the job is writing."""
-    others = active_runs(context.instance, (job_name,), RUNNING, exclude_run_id=context.run.run_id)
+def refuse_second_writer(context: AssetExecutionContext, decl: PipelineDeclaration) -> None:
+    """Fail (nothing written) when another run of the job, or a maintenance run of the
+    pipeline, is writing."""
+    writers = (decl.job_name, decl.maintenance_job_name)
+    others = active_runs(context.instance, writers, RUNNING, exclude_run_id=context.run.run_id)
     if others:
         raise Failure(
             description=(
-                f"{job_name} refused: run {others[0].run_id} of it is writing the pipeline's "
-                "tables; one writer at a time. Wait for it to end or terminate it."
+                f"{decl.job_name} refused: run {others[0].run_id} of {others[0].job_name} is "
+                "writing the pipeline's tables; one writer at a time. Wait for it to end or "
+                "terminate it."
             )
         )
 
@@ -154,7 +162,7 @@ def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
         pyspark: LakecastSparkResource,
         lake: LakeResource,
     ) -> Iterator[MaterializeResult]:
-        refuse_second_writer(context, decl.job_name)
+        refuse_second_writer(context, decl)
         settings = lake.settings()
         try:
             until = None if config.follow else requested_versions(decl, context.run.tags, settings)
@@ -218,4 +226,5 @@ def declare_pipeline(decl: PipelineDeclaration) -> PipelineDefinitions:
         config=QUIET_RUN_LOGS,
         description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
     )
-    return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), pipeline_checks(decl))
+    return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), pipeline_checks(decl),
+                               declare_maintenance(decl))

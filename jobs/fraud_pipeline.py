@@ -17,6 +17,7 @@ that breaks it fails the run before anything is written, naming table, version a
 Invalid transactions go to ``fraud_rejected`` with their reason.
 """
 
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -24,10 +25,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from examples.fraud_detection import RULES, FraudDetector
+from examples.fraud_detection import MERCHANT_TTL, RULES, FraudDetector
 from jobs.declaration import CheckpointPolicy, PipelineDeclaration
 from lakecast.api.contracts import TableContract
 from lakecast.api.keyed import KeyedContext
+from lakecast.config import parse_duration
 from lakecast.pipeline.micro_batch import REASON_COLUMN
 
 __all__ = [
@@ -68,10 +70,19 @@ RULES_CONTRACT = TableContract(
 )
 
 
+#: ``LAKECAST_FRAUD_MERCHANT_TTL`` (e.g. ``10m``; default 1 h): how long a merchant counts
+#: as used before; a shorter TTL bounds the keyed state sooner (the soak sets it)
+FRAUD_MERCHANT_TTL = (parse_duration(os.environ["LAKECAST_FRAUD_MERCHANT_TTL"],
+                                     "LAKECAST_FRAUD_MERCHANT_TTL")
+                      if os.environ.get("LAKECAST_FRAUD_MERCHANT_TTL") else MERCHANT_TTL)
+
+
 class FraudRules(FraudDetector):
     """:class:`~examples.fraud_detection.FraudDetector` over a rules table with an
     ``enabled`` column and a contract: a disabled rule leaves the state (its flags are
     dropped, as for a changed rule) until a version enables it again."""
+
+    merchant_ttl = FRAUD_MERCHANT_TTL
 
     def table_contracts(self) -> list[TableContract]:
         return [RULES_CONTRACT]

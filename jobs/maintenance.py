@@ -76,6 +76,9 @@ from lakecast.snapshots.store import SnapshotStore
 
 #: when the schedule runs (cron, UTC); e.g. ``*/10 * * * *`` for a soak
 MAINTENANCE_CRON = os.environ.get("LAKECAST_MAINTENANCE_CRON", "0 3 * * *")
+#: the VACUUM retention (hours) of scheduled runs; unset: each table's default (7 days).
+#: Never below what rewinds need (raised, with a warning); e.g. ``0`` for a soak
+RETENTION_ENV = "LAKECAST_MAINTENANCE_RETENTION_HOURS"
 OUTPUT, PROGRESS, SNAPSHOTS = "output", "progress", "snapshots"
 
 
@@ -130,6 +133,15 @@ class SparkOnDemand:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.resource.spark_session, name)
+
+
+def scheduled_run_config(op_name: str) -> dict[str, Any]:
+    """The run config of a scheduled maintenance run: ``retention_hours`` from
+    ``LAKECAST_MAINTENANCE_RETENTION_HOURS`` when set."""
+    hours = os.environ.get(RETENTION_ENV)
+    if not hours:
+        return {}
+    return {"ops": {op_name: {"config": {"retention_hours": int(hours)}}}}
 
 
 class MaintenanceConfig(Config):
@@ -264,4 +276,4 @@ def lake_maintenance(context: ScheduleEvaluationContext) -> RunRequest | SkipRea
     if active:
         return SkipReason(f"run {active[0].run_id} of {CONTINUOUS_JOB} is writing the tables; "
                           f"maintenance waits for a later tick")
-    return RunRequest()
+    return RunRequest(run_config=scheduled_run_config("maintain_enrichment_tables"))

@@ -33,9 +33,11 @@ def test_every_asset_declares_described_columns():
 
 
 def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
-    from jobs.maintenance import TABLES  # the pipeline's own tables live elsewhere
+    from jobs.factory_maintenance import factory_tables
+    from jobs.fraud import FRAUD
+    from jobs.maintenance import TABLES  # the pipelines' own tables live elsewhere
 
-    paths = {t.name: t.path(lake) for t in TABLES}
+    paths = {t.name: t.path(lake) for t in (*TABLES, *factory_tables(FRAUD))}
     df = delta_io.read(spark, paths.get(table, lake.table_path(table)))
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
 
@@ -43,7 +45,8 @@ def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
 #: tables whose columns tests/jobs/test_fraud_pipeline.py checks against its own run (the
 #: fraud pipeline's inputs and outputs): running that pipeline here once more would cost ~1 min
 FRAUD_TABLES = frozenset(
-    {"fraud_rules", "transactions", "fraud_alerts", "fraud_review", "fraud_rejected"})
+    {"fraud_rules", "transactions", "fraud_alerts", "fraud_review", "fraud_rejected",
+     "fraud_progress", "fraud_keyed_state"})
 
 
 def column_mismatches(spark, lake, tables) -> dict[str, list[tuple[str, str]]]:

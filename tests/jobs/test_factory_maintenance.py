@@ -1,0 +1,180 @@
+"""``<name>_maintenance_job`` of a factory pipeline (jobs/factory_maintenance.py) on the keyed
+fraud pipeline: compaction, VACUUM and log checkpoints of its outputs, progress log and
+keyed state table, without breaking rewinds nor exactly-once output.
+
+A variant of the fraud declaration compacts its keyed state every 2 batches and keeps the
+newest 2 committed batches rewindable; six batches leave a small file per batch in each
+output and three compactions' worth of old files in the state table. The job runs through
+Dagster with a VACUUM retention of 0 hours. Then, checked from the Delta logs and the files
+on disk: outputs unchanged row for row, fewer files, a log checkpoint, the state table's old
+files gone (fewer bytes on disk) but those of the rewindable batches kept (time travel to
+them reads the same rows), a rewind to the oldest rewindable batch works, and a later
+batch continues exactly (every alert equals the plain-Python reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from dagster import DagsterInstance, DagsterRunStatus
+
+from assets.resources import LakecastSparkResource, LakeResource
+from examples.common import sorted_rows
+from jobs.declaration import CheckpointPolicy
+from jobs.definitions import defs
+from jobs.enrichment_pipeline import EXCLUSIVE_TAG
+from jobs.factory_maintenance import declare_maintenance, factory_tables
+from jobs.fraud import FRAUD, FRAUD_ALERTS, FRAUD_REJECTED, FRAUD_REVIEW, FRAUD_RULES, TRANSACTIONS
+from jobs.fraud_tables import append_transactions, write_rules
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.progress import progress_path, read_log
+from lakecast.pipeline.rewind import rewind
+from lakecast.runtime.executor import VERSION_COLUMN
+from tests.jobs.test_fraud_pipeline import CARD_TEST, PROBE, batch_events, expected
+
+DECL = replace(FRAUD, name="fraudm", checkpoint=CheckpointPolicy(every=2, keep=2))
+OUTPUTS = (FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_REJECTED)
+OP = "maintain_fraudm_tables"
+RULES = [CARD_TEST, PROBE]
+STATE = "fraudm_keyed_state"
+
+
+def _transactions(i: int) -> list[dict]:
+    """Batch ``i``'s transactions: the fraud pipeline test's, and one invalid (rejected)."""
+    bad = {"tx_id": 90_000 + i, "user_id": "u1", "amount": -1.0, "merchant": "m1",
+           "ts": i * 600_000}
+    return [*batch_events(i), bad]
+
+
+def _outputs(spark, lake) -> dict[str, pd.DataFrame]:
+    out = {}
+    for t in OUTPUTS:
+        df = delta_io.read(spark, lake.table_path(t)).toPandas()
+        out[t] = df[sorted(df.columns)].sort_values(sorted(df.columns)).reset_index(drop=True)
+    return out
+
+
+def _data_files(path: str) -> list[Path]:
+    """Parquet data files on disk (not the log)."""
+    return [f for f in Path(path).rglob("*.parquet") if "_delta_log" not in f.parts]
+
+
+def _state_rows(spark, path: str, version: int) -> list[tuple]:
+    return sorted(tuple(r) for r in delta_io.read(spark, path, version=version).collect())
+
+
+def _alerts(spark, lake) -> dict[str, list[dict]]:
+    got = {}
+    for name, t in (("block", FRAUD_ALERTS), ("review", FRAUD_REVIEW)):
+        rows = [r.asDict() for r in delta_io.read(spark, lake.table_path(t)).collect()]
+        for r in rows:
+            r.pop(VERSION_COLUMN)
+        got[name] = sorted_rows(rows)
+    return got
+
+
+def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
+    write_rules(spark, lake.table_path(FRAUD_RULES), RULES)
+    pipeline = DECL.build(spark, lake)
+    batches = []
+    for i in range(6):
+        txs = _transactions(i)
+        append_transactions(spark, lake.table_path(TRANSACTIONS), txs)
+        batches.append((RULES, txs))
+        (r,) = pipeline.run()
+        assert r.plan.batch_id == i
+    assert DECL.state_table == STATE
+    state = lake.table_path(STATE)
+    log_path = progress_path(lake.checkpoint_root, DECL.name)
+    _, commits = read_log(log_path)
+    kept = {b: commits[b].output_versions for b in (4, 5)}  # the 2 rewindable batches
+    ops = [delta_io.commit_info(state, v).operation for v in range(kept[5][STATE] + 1)]
+    assert len(ops) == 9, ops  # 6 appends, a compaction after every second one
+    want = _outputs(spark, lake)
+    state_at = {b: _state_rows(spark, state, v[STATE]) for b, v in kept.items()}
+    tables = factory_tables(DECL)
+    files_before = {t.name: len(_data_files(t.path(lake))) for t in tables}
+    state_bytes = sum(f.stat().st_size for f in _data_files(state))
+    assert all(files_before[t] >= 6 for t in OUTPUTS), files_before  # a file per batch
+
+    maintenance = declare_maintenance(DECL)
+    assert maintenance.job.tags[EXCLUSIVE_TAG] == DECL.job_name
+    with DagsterInstance.ephemeral() as instance:
+        res = maintenance.job.execute_in_process(
+            instance=instance, run_config={"ops": {OP: {"config": {"retention_hours": 0}}}},
+            resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()})
+        assert res.success
+        logs = [e.user_message or "" for e in instance.all_logs(res.run_id)]
+    obs = {e.asset_observation_data.asset_observation.asset_key.to_user_string():
+           e.asset_observation_data.asset_observation.metadata
+           for e in res.all_events if e.event_type_value == "ASSET_OBSERVATION"}
+    assert set(obs) == {t.name for t in tables} == {*OUTPUTS, "fraudm_keyed_state",
+                                                    "fraudm_progress"}
+
+    # outputs unchanged row for row; fewer files; a log checkpoint at the newest version
+    for t in OUTPUTS:
+        pd.testing.assert_frame_equal(_outputs(spark, lake)[t], want[t], check_dtype=False)
+    for t in tables:
+        path = t.path(lake)
+        version = delta_io.latest_version(path)
+        assert obs[t.name]["log_checkpoint_version"].value == version
+        assert (Path(path) / "_delta_log" / f"{version:020d}.checkpoint.parquet").exists()
+        live = len(delta_io.file_sizes(path, version))
+        if t.name != DECL.state_table:  # small files compacted (the state table: compacted)
+            assert live < files_before[t.name], (t.name, files_before[t.name], live)
+    # the progress log is never rolled back: vacuumed at 0 h
+    assert obs["fraudm_progress"]["files_vacuumed"].value > 0
+    assert len(_data_files(log_path)) < files_before["fraudm_progress"]
+
+    # the keyed state table: old compactions' files gone, the rewindable batches' kept
+    meta = obs[DECL.state_table]
+    assert meta["retention_clamped"].value is True and meta["retention_hours"].value == 0
+    assert meta["files_vacuumed"].value >= 5  # batches 0-3's appends, the first compaction
+    assert "every version since" in meta["retention"].value and "batch 4" in meta["retention"].value
+    assert any(DECL.state_table in m and "shorter than rewinds need" in m for m in logs), logs
+    assert sum(f.stat().st_size for f in _data_files(state)) < state_bytes
+    for b, versions in kept.items():
+        for f in delta_io.file_sizes(state, versions[STATE]):
+            assert (Path(state) / f).exists(), (b, f)
+        assert _state_rows(spark, state, versions[STATE]) == state_at[b]
+        for t in OUTPUTS:  # the outputs' versions of those batches read too
+            if t in versions:
+                delta_io.read(spark, lake.table_path(t), version=versions[t]).count()
+
+    # a later batch continues exactly: every alert equals the reference
+    txs = _transactions(6)
+    append_transactions(spark, lake.table_path(TRANSACTIONS), txs)
+    batches.append((RULES, txs))
+    (r,) = pipeline.run()
+    assert r.plan.batch_id == 6
+    plans, _ = read_log(log_path)
+    reference = expected(batches, [p.planned_at_ms for p in plans])
+    assert reference["block"] and reference["review"]
+    assert _alerts(spark, lake) == {k: sorted_rows(v) for k, v in reference.items()
+                                    if k in ("block", "review")}
+
+    # a rewind to the oldest rewindable batch still finds every file it restores
+    rewind(spark, pipeline.log, lake.table_path, 4)
+    assert delta_io.read(spark, state).count() == len(state_at[4])
+    assert _state_rows(spark, state, delta_io.latest_version(state)) == state_at[4]
+
+
+def test_factory_maintenance_is_defined_and_takes_turns(lake):
+    """Every factory pipeline has a maintenance job and schedule with its micro-batch
+    job's tag; the job refuses to start while a micro-batch run of the pipeline writes."""
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    job = defs.resolve_job_def(FRAUD.maintenance_job_name)
+    assert job.tags[EXCLUSIVE_TAG] == FRAUD.job_name
+    schedule = defs.resolve_schedule_def("fraud_maintenance")
+    assert schedule.job_name == FRAUD.maintenance_job_name
+    with DagsterInstance.ephemeral() as instance:
+        other = instance.add_run(DagsterRun(job_name=FRAUD.job_name,
+                                            status=DagsterRunStatus.STARTED))
+        res = job.execute_in_process(instance=instance, raise_on_error=False)
+        assert not res.success
+        (failure,) = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
+        message = failure.step_failure_data.user_failure_data.description
+        assert other.run_id in message and "one writer" in message
