@@ -1,27 +1,34 @@
 """30-minute soak of the sensor path with kills: a commit every 10 s, a run killed every ~5 min.
 
 ``python -m benchmarks.soak [--minutes 30] [--every 10] [--events 1500] [--kill-every 300]
-[--flag-every 100] [--maintain-every 10] [--tx 200] [--interval 15] [--port 3335]
+[--flag-every 100] [--maintain-every 10] [--retention-hours 0] [--fraud-ttl 10m]
+[--checkpoint-every 5] [--keep-checkpoints 3] [--tx 200] [--interval 15] [--port 3335]
 [--scale 0.5] [--root var/bench/soak]``
 
 Builds a demo lake on the Lakecast Spark server (started if none runs, stopped at the end
 only then), catches it up, starts ``dagster dev`` (``broadcast_versions_sensor`` every
-``--interval`` s; ``fraud_sensor`` too; ``lake_maintenance`` scheduled every
-``--maintain-every`` min); then for ``--minutes``: an events commit and a ``--tx``
-transactions commit (the keyed fraud pipeline) every ``--every`` s, a broadcast change
-every ``--flag-every`` s (in turn: ``feature_flags``, ``dim_products`` through
-``dimension_refresh_job``, the next ``user_segments`` partition day through Dagster; see
-:mod:`benchmarks.soak_parts`), and every ``--kill-every`` s a ``kill -9``
-of the STARTED ``enrichment_microbatch`` run's process tree (pid from its engine event).
-Each minute: keyed state keys/bytes, snapshot table and checkpoint root bytes, the Spark
-server JVM's and its Python workers' RSS (max and slope reported).
+``--interval`` s; ``fraud_sensor`` too; ``lake_maintenance`` and ``fraud_maintenance``
+scheduled every ``--maintain-every`` min with a VACUUM retention of ``--retention-hours``,
+never below what rewinds need; the fraud function's merchant TTL ``--fraud-ttl`` and the
+enrichment's checkpoints every ``--checkpoint-every`` batches, ``--keep-checkpoints``
+kept, so that the keyed state and the snapshot table reach their plateau within the soak);
+then for ``--minutes``: an events commit and a ``--tx`` transactions commit (the keyed
+fraud pipeline) every ``--every`` s, a broadcast change every ``--flag-every`` s (in turn:
+``feature_flags``, ``dim_products`` through ``dimension_refresh_job``, the next
+``user_segments`` partition day through Dagster; see :mod:`benchmarks.soak_parts`), and
+every ``--kill-every`` s a ``kill -9`` of the STARTED ``enrichment_microbatch`` run's
+process tree (pid from its engine event). Each minute: keyed state keys/bytes, snapshot
+table and checkpoint root bytes, the Spark server JVM's and its Python workers' RSS (max
+and slope reported).
 It waits (<= 5 min) for a run to catch up the last version, stops ``dagster dev`` and checks:
 runs not killed succeeded within ``max_seconds`` + 60 s; one materialization of each output
 per committed batch; events in == rows of the three outputs, each event_id as often out as
 in; RSS of dagster dev (runs aside) and of the Spark server flat (median of the last third
 of the samples vs the middle third); every enriched row equals the broadcast tables at
-its ``_state_version``; the maintenance runs succeeded; restoring the newest checkpoint
-and catching up gives the same outputs.
+its ``_state_version``; the maintenance runs of both pipelines succeeded; the fraud keyed
+state table's bytes on disk stay bounded (median of the last third of the per-minute
+samples <= 1.25 x the middle third's); restoring the newest checkpoint and catching up
+gives the same outputs.
 
 Everything listens on 127.0.0.1; the whole soak is bounded (``--minutes`` + 15 min). Run
 it alone on the machine (through spark-lock). JSON goes to ``benchmarks/results/soak.json``.
@@ -170,6 +177,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="s between broadcast changes (flag, dim_products, segments)")
     parser.add_argument("--maintain-every", type=int, default=10,
                         help="lake_maintenance schedule period (min)")
+    parser.add_argument("--retention-hours", type=int, default=0,
+                        help="VACUUM retention of the scheduled maintenance (h; rewinds "
+                             "still keep what they need)")
+    parser.add_argument("--fraud-ttl", default="10m", help="the fraud function's merchant TTL")
+    parser.add_argument("--checkpoint-every", type=int, default=5,
+                        help="enrichment checkpoint interval (batches)")
+    parser.add_argument("--keep-checkpoints", type=int, default=3,
+                        help="enrichment checkpoints kept")
     parser.add_argument("--tx", type=int, default=200, help="transactions per fraud commit")
     parser.add_argument("--interval", type=int, default=15, help="sensor interval (s)")
     parser.add_argument("--port", type=int, default=3335, help="dagster webserver port")
@@ -197,7 +212,11 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     root = Path(args.root)
     dagster_home(root)
     env = {**bench_env(root, server.url, args.interval),
-           "LAKECAST_MAINTENANCE_CRON": f"*/{args.maintain_every} * * * *"}
+           "LAKECAST_MAINTENANCE_CRON": f"*/{args.maintain_every} * * * *",
+           "LAKECAST_MAINTENANCE_RETENTION_HOURS": str(args.retention_hours),
+           "LAKECAST_FRAUD_MERCHANT_TTL": args.fraud_ttl,
+           "LAKECAST_CHECKPOINT_EVERY": str(args.checkpoint_every),
+           "LAKECAST_KEEP_CHECKPOINTS": str(args.keep_checkpoints)}
     os.environ.update(env)
     settings = get_settings()
     build_lake(args.scale)
@@ -375,6 +394,10 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
         "driver_jvm_mib", "python_workers_mib", "python_workers", "snapshot_bytes",
         "checkpoint_root_bytes", "fraud_state_keys", "fraud_state_live_keys",
         "fraud_state_state_bytes", "fraud_state_disk_bytes")}
+    disk = [m["fraud_state_disk_bytes"] for m in rec["minute"]
+            if m.get("fraud_state_disk_bytes") is not None]
+    bounded = _flat([b / 2**20 for b in disk])  # MiB
+    bounded["bounded"] = bool(bounded.get("flat")) and bounded["last"] <= 1.25 * bounded["mid"]
     lineage = check_lineage(spark, get_settings())
     restore = check_restore(spark, get_settings(), env)  # last: it rewrites the outputs
     changed = {c["table"] for c in rec["broadcast_changes"]
@@ -397,11 +420,13 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
         "restore": restore["ok"],
         "keyed_state": (minute["fraud_state_keys"]["n"] > 0 and fraud_runs["SUCCESS"] > 0
                         and not fraud_runs["FAILURE"]),
+        "fraud_state_bounded": bounded["bounded"],
     }
     result = {"args": vars(args), "runs_summary": summary, "batches_committed": len(committed),
               "materializations": mats, "counts": counts, "memory": memory,
               "per_minute": minute, "lineage": lineage, "maintenance": maintenance,
-              "restore": restore, "fraud_runs": fraud_runs, "targets": targets, "runs": runs, **rec}
+              "restore": restore, "fraud_runs": fraud_runs, "fraud_state_disk_mib": bounded,
+              "targets": targets, "runs": runs, **rec}
     save_result("soak", result)
     print(f"{'run':10} {'status':9} {'seconds':>8} {'bound':>6} killed")
     for r in runs:
@@ -414,7 +439,8 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                "lineage": lineage, "maintenance": maintenance,
                "restore": {k: v for k, v in restore.items() if k != "catch_up_stderr"},
                "keyed_state": {"fraud_runs": fraud_runs,
-                               **{k: v for k, v in minute.items() if "fraud" in k}}}
+                               **{k: v for k, v in minute.items() if "fraud" in k}},
+               "fraud_state_bounded": bounded}
     print("per minute:", json.dumps(minute))
     for name, passed in targets.items():
         print(f"{'PASS' if passed else 'FAIL'} {name}: {json.dumps(details[name])}")

@@ -13,7 +13,8 @@ fraud pipeline beside the enrichment, per-minute samples, and the checks at the 
 * :func:`check_lineage`: every enriched row's category, price, segment and discount equal
   the broadcast tables at the row's ``_state_version`` (Delta time travel, pandas);
 * :func:`check_restore`: restore the newest checkpoint, catch up, compare the outputs;
-* :func:`maintenance_runs`: the scheduled ``lake_maintenance_job`` runs.
+* :func:`maintenance_runs`: the scheduled ``lake_maintenance_job`` and
+  ``fraud_maintenance_job`` runs.
 """
 
 from __future__ import annotations
@@ -301,9 +302,11 @@ def check_restore(spark: Any, settings: Settings, env: dict[str, str]) -> dict[s
 
 
 def maintenance_runs(instance: Any) -> dict[str, Any]:
-    """The ``lake_maintenance_job`` runs (started by its schedule) and their statuses."""
+    """The ``lake_maintenance_job`` and ``fraud_maintenance_job`` runs (started by their
+    schedules), their statuses and the tables each maintained."""
     from dagster import DagsterEventType, RunsFilter
 
+    from jobs.fraud import FRAUD
     from jobs.runs import MAINTENANCE_JOB
 
     def maintained(run_id: str) -> list[str]:  # the tables it observed (maintained)
@@ -317,13 +320,16 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
             if e.dagster_event and getattr(e.dagster_event.event_specific_data, "error", None)]
         return errs[0].split("\n")[0][:300] if errs else None
 
-    recs = instance.get_run_records(RunsFilter(job_name=MAINTENANCE_JOB))
-    runs = [{"run_id": r.dagster_run.run_id[:8], "status": r.dagster_run.status.value,
+    jobs = (MAINTENANCE_JOB, FRAUD.maintenance_job_name)
+    recs = [r for job in jobs for r in instance.get_run_records(RunsFilter(job_name=job))]
+    runs = [{"run_id": r.dagster_run.run_id[:8], "job": r.dagster_run.job_name,
+             "status": r.dagster_run.status.value,
              "scheduled": r.dagster_run.tags.get("dagster/schedule_name"),
              "seconds": round(r.end_time - r.start_time, 1)
              if r.start_time and r.end_time else None,
              "maintained": maintained(r.dagster_run.run_id),
              "failure": failure(r.dagster_run.run_id)} for r in recs]
-    succeeded = sum(r["status"] == "SUCCESS" for r in runs)
+    succeeded = {job: sum(r["status"] == "SUCCESS" and r["job"] == job for r in runs)
+                 for job in jobs}
     return {"runs": runs, "succeeded": succeeded,
-            "ok": succeeded > 0 and not any(r["status"] == "FAILURE" for r in runs)}
+            "ok": all(succeeded.values()) and not any(r["status"] == "FAILURE" for r in runs)}

@@ -5,6 +5,7 @@ Shared by the sensor-triggered job (:mod:`jobs.microbatch`), the continuous job
 """
 
 import json
+import os
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -43,7 +44,10 @@ OUTPUTS = (
 #: checkpoint the broadcast state every N batches (Flink checkpoints by interval, too): a
 #: checkpoint hashes every task's state and writes it, so it stays off most batches' path;
 #: a cold start restores the newest one and applies the table versions since
-DEFAULT_CHECKPOINT_EVERY = 10
+#: (``LAKECAST_CHECKPOINT_EVERY`` changes the default, e.g. for a soak)
+DEFAULT_CHECKPOINT_EVERY = int(os.environ.get("LAKECAST_CHECKPOINT_EVERY") or 10)
+#: checkpoints kept (``LAKECAST_KEEP_CHECKPOINTS`` changes the default)
+DEFAULT_KEEP_CHECKPOINTS = int(os.environ.get("LAKECAST_KEEP_CHECKPOINTS") or 10)
 
 ENRICHMENT = PipelineSpec(
     name="enrichment",
@@ -69,7 +73,7 @@ def build_pipeline(
     *,
     parallelism: int | None = None,
     checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
-    keep_checkpoints: int | None = 10,
+    keep_checkpoints: int | None = DEFAULT_KEEP_CHECKPOINTS,
     function_id: str = "storefront-enrichment",
     dedup_retention: timedelta | None = None,
     state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,

@@ -36,6 +36,7 @@ from jobs.batch_metadata import record_batch, record_missed, result_metadata
 from jobs.enrichment import StorefrontEnrichment
 from jobs.enrichment_pipeline import (
     DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_KEEP_CHECKPOINTS,
     ENRICHED_EVENTS,
     ENRICHMENT,
     ENRICHMENT_REJECTED,
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks per batch and per checkpoint (a restart may change it)")
     parser.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
                         help="checkpoint the broadcast state every N batches (0: never)")
-    parser.add_argument("--keep-checkpoints", type=int, default=10)
+    parser.add_argument("--keep-checkpoints", type=int, default=DEFAULT_KEEP_CHECKPOINTS)
     args = parser.parse_args(argv)
     settings = get_settings()
     try:

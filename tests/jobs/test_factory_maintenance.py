@@ -3,13 +3,14 @@ fraud pipeline: compaction, VACUUM and log checkpoints of its outputs, progress 
 keyed state table, without breaking rewinds nor exactly-once output.
 
 A variant of the fraud declaration compacts its keyed state every 2 batches and keeps the
-newest 2 committed batches rewindable; six batches leave a small file per batch in each
-output and three compactions' worth of old files in the state table. The job runs through
-Dagster with a VACUUM retention of 0 hours. Then, checked from the Delta logs and the files
-on disk: outputs unchanged row for row, fewer files, a log checkpoint, the state table's old
-files gone (fewer bytes on disk) but those of the rewindable batches kept (time travel to
-them reads the same rows), a rewind to the oldest rewindable batch works, and a later
-batch continues exactly (every alert equals the plain-Python reference).
+newest 2 committed batches rewindable; four batches leave a small file per batch in each
+output and two compactions in the state table (the first one removed the older files).
+The job runs through Dagster with a VACUUM retention of 0 hours. Then, checked from the
+Delta logs and the files on disk: outputs unchanged row for row, fewer files, a log
+checkpoint, the state table's old files gone (fewer bytes on disk) but those of the
+rewindable batches kept (time travel to them reads the same rows), a rewind to the oldest
+rewindable batch works, and a later batch continues exactly (every alert equals the
+plain-Python reference).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
     write_rules(spark, lake.table_path(FRAUD_RULES), RULES)
     pipeline = DECL.build(spark, lake)
     batches = []
-    for i in range(6):
+    for i in range(4):
         txs = _transactions(i)
         append_transactions(spark, lake.table_path(TRANSACTIONS), txs)
         batches.append((RULES, txs))
@@ -89,15 +90,15 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
     state = lake.table_path(STATE)
     log_path = progress_path(lake.checkpoint_root, DECL.name)
     _, commits = read_log(log_path)
-    kept = {b: commits[b].output_versions for b in (4, 5)}  # the 2 rewindable batches
-    ops = [delta_io.commit_info(state, v).operation for v in range(kept[5][STATE] + 1)]
-    assert len(ops) == 9, ops  # 6 appends, a compaction after every second one
+    kept = {b: commits[b].output_versions for b in (2, 3)}  # the 2 rewindable batches
+    ops = [delta_io.commit_info(state, v).operation for v in range(kept[3][STATE] + 1)]
+    assert len(ops) == 6, ops  # 4 appends, a compaction after every second one
     want = _outputs(spark, lake)
     state_at = {b: _state_rows(spark, state, v[STATE]) for b, v in kept.items()}
     tables = factory_tables(DECL)
     files_before = {t.name: len(_data_files(t.path(lake))) for t in tables}
     state_bytes = sum(f.stat().st_size for f in _data_files(state))
-    assert all(files_before[t] >= 6 for t in OUTPUTS), files_before  # a file per batch
+    assert all(files_before[t] >= 4 for t in OUTPUTS), files_before  # a file per batch
 
     maintenance = declare_maintenance(DECL)
     assert maintenance.job.tags[EXCLUSIVE_TAG] == DECL.job_name
@@ -131,8 +132,8 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
     # the keyed state table: old compactions' files gone, the rewindable batches' kept
     meta = obs[DECL.state_table]
     assert meta["retention_clamped"].value is True and meta["retention_hours"].value == 0
-    assert meta["files_vacuumed"].value >= 5  # batches 0-3's appends, the first compaction
-    assert "every version since" in meta["retention"].value and "batch 4" in meta["retention"].value
+    assert meta["files_vacuumed"].value >= 2  # batches 0 and 1's appends
+    assert "every version since" in meta["retention"].value and "batch 2" in meta["retention"].value
     assert any(DECL.state_table in m and "shorter than rewinds need" in m for m in logs), logs
     assert sum(f.stat().st_size for f in _data_files(state)) < state_bytes
     for b, versions in kept.items():
@@ -144,11 +145,11 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
                 delta_io.read(spark, lake.table_path(t), version=versions[t]).count()
 
     # a later batch continues exactly: every alert equals the reference
-    txs = _transactions(6)
+    txs = _transactions(4)
     append_transactions(spark, lake.table_path(TRANSACTIONS), txs)
     batches.append((RULES, txs))
     (r,) = pipeline.run()
-    assert r.plan.batch_id == 6
+    assert r.plan.batch_id == 4
     plans, _ = read_log(log_path)
     reference = expected(batches, [p.planned_at_ms for p in plans])
     assert reference["block"] and reference["review"]
@@ -156,9 +157,9 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
                                     if k in ("block", "review")}
 
     # a rewind to the oldest rewindable batch still finds every file it restores
-    rewind(spark, pipeline.log, lake.table_path, 4)
-    assert delta_io.read(spark, state).count() == len(state_at[4])
-    assert _state_rows(spark, state, delta_io.latest_version(state)) == state_at[4]
+    rewind(spark, pipeline.log, lake.table_path, 2)
+    assert delta_io.read(spark, state).count() == len(state_at[2])
+    assert _state_rows(spark, state, delta_io.latest_version(state)) == state_at[2]
 
 
 def test_factory_maintenance_is_defined_and_takes_turns(lake):
