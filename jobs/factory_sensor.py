@@ -94,10 +94,10 @@ def evaluate(
         return SkipReason(f"no events table yet ({decl.events_table})")
     previous = parse_cursor(context.cursor, versions)
     unchanged = previous == versions
-    active = active_runs(context.instance, (job_name,))
-    if active:
+    active = active_runs(context.instance, (job_name, decl.maintenance_job_name))
+    if active:  # a micro-batch run, or a maintenance run rewriting the tables
         return SkipReason(
-            f"run {active[0].run_id} of {job_name} is still active; new "
+            f"run {active[0].run_id} of {active[0].job_name} is still active; new "
             "versions will be picked up after it"
         )
     log_path = progress_path(settings.checkpoint_root, decl.name)
