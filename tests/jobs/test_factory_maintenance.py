@@ -162,15 +162,21 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
     assert _state_rows(spark, state, delta_io.latest_version(state)) == state_at[2]
 
 
-def test_factory_maintenance_is_defined_and_takes_turns(lake):
+def test_factory_maintenance_is_defined_and_takes_turns(lake, monkeypatch):
     """Every factory pipeline has a maintenance job and schedule with its micro-batch
-    job's tag; the job refuses to start while a micro-batch run of the pipeline writes."""
+    job's tag (the scheduled retention from LAKECAST_MAINTENANCE_RETENTION_HOURS); the job
+    refuses to start while a micro-batch run of the pipeline writes."""
+    from dagster import build_schedule_context
     from dagster._core.storage.dagster_run import DagsterRun
 
     job = defs.resolve_job_def(FRAUD.maintenance_job_name)
     assert job.tags[EXCLUSIVE_TAG] == FRAUD.job_name
     schedule = defs.resolve_schedule_def("fraud_maintenance")
     assert schedule.job_name == FRAUD.maintenance_job_name
+    monkeypatch.setenv("LAKECAST_MAINTENANCE_RETENTION_HOURS", "5")
+    (request,) = schedule.evaluate_tick(build_schedule_context()).run_requests
+    assert request.run_config == {
+        "ops": {"maintain_fraud_tables": {"config": {"retention_hours": 5}}}}
     with DagsterInstance.ephemeral() as instance:
         other = instance.add_run(DagsterRun(job_name=FRAUD.job_name,
                                             status=DagsterRunStatus.STARTED))
