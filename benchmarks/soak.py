@@ -203,6 +203,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     """Build, catch up, run the soak under ``dagster dev``, then report (see the module doc)."""
     from dagster import DagsterInstance, RunsFilter
 
+    from jobs.fraud import FRAUD
     from jobs.microbatch import ENRICHMENT
     from jobs.runs import MICROBATCH_JOB, active_runs
     from lakecast.pipeline.progress import progress_path
@@ -315,7 +316,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
             wait_end = min(time.monotonic() + 300, hard)
             while time.monotonic() < wait_end:
                 if (max(_committed(log, first).values(), default=-1) >= last
-                        and not active_runs(instance, (MICROBATCH_JOB,))):
+                        and not active_runs(instance, (MICROBATCH_JOB, FRAUD.job_name))):
                     rec["caught_up"] = True
                     break
                 time.sleep(2.0)
