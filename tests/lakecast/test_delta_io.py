@@ -249,3 +249,30 @@ def test_arrow_append_is_exactly_once_merges_schema_and_reads_back_in_spark(spar
     assert sorted(cdf.id) == [3, 4] and set(cdf._change_type) == {"insert"}
     with pytest.raises(delta_io.DeltaIOError, match="arrow_out"):  # names the table
         delta_io.append_arrow(pa.table({"id": ["not a number"]}), path, txn=("app", 3))
+
+
+@pytest.mark.connect
+def test_strings_of_map_in_arrow_over_connect_are_written_as_plain_strings(connect_spark,
+                                                                           connect_lake):
+    """Over Spark Connect, ``mapInArrow``'s string columns arrive as "string collate
+    UTF8_BINARY"; written as they are, Delta records that in the table's schema and
+    delta-rs (table maintenance, direct reads) refuses the table. ``write`` writes plain
+    types: delta-rs opens the table and reads the rows back."""
+    from deltalake import DeltaTable
+
+    def tag(batches):
+        import pyarrow as pa
+
+        for b in batches:
+            ids = b.column("id").to_pylist()
+            yield pa.record_batch({"id": ids, "name": [f"n{i}" for i in ids],
+                                   "tags": [[f"t{i}"] for i in ids]})
+
+    frame = connect_spark.range(4).mapInArrow(tag, "id long, name string, tags array<string>")
+    path = connect_lake.table_path("collated")
+    delta_io.write(frame, path)
+    table = DeltaTable(path)
+    types = {f.name: f.type for f in table.schema().fields}
+    assert types["name"].type == "string" and types["tags"].element_type.type == "string"
+    rows = table.to_pyarrow_table().sort_by("id").to_pylist()
+    assert rows == [{"id": i, "name": f"n{i}", "tags": [f"t{i}"]} for i in range(4)]

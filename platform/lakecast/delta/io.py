@@ -77,6 +77,23 @@ def read_changes(
     return reader.load(path)
 
 
+def plain_types(df: DataFrame) -> DataFrame:
+    """``df`` with every column that holds strings cast to its type as SQL spells it.
+
+    Over Spark Connect, ``mapInArrow``'s string columns are "string collate UTF8_BINARY"
+    on the server (the client shows plain ``string``); written as they are, Delta records
+    that type in the table's schema and delta-rs (table maintenance, direct reads) refuses
+    the table. A cast written in SQL gives the plain type; other columns are untouched.
+    """
+    fields = df.schema.fields
+    if not any("string" in f.dataType.simpleString() for f in fields):
+        return df
+    return df.selectExpr(*(
+        f"CAST(`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`"
+        if "string" in f.dataType.simpleString() else f"`{f.name}`"
+        for f in fields))
+
+
 def write(
     df: DataFrame,
     path: str,
@@ -91,7 +108,7 @@ def write(
     write whose ``txnVersion`` for ``app_id`` was already committed, so a
     retried batch never writes twice.
     """
-    writer = df.write.format("delta").mode(mode)
+    writer = plain_types(df).write.format("delta").mode(mode)
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     if txn is not None:
