@@ -10,10 +10,15 @@ from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.build import broadcast_pipeline, keyed_pipeline
 from lakecast.config import Settings
+from lakecast.pipeline.batch_result import BatchResult
 from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
 
-__all__ = ["CheckpointPolicy", "PipelineDeclaration"]
+__all__ = ["CheckpointPolicy", "MetadataHook", "PipelineDeclaration"]
+
+#: ``hook(settings, result)`` -> extra metadata of one committed batch per output table
+#: (``{table: {key: value}}``), added to that table's materialization
+MetadataHook = Callable[[Settings, BatchResult], Mapping[str, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class PipelineDeclaration:
     :class:`~lakecast.api.functions.BroadcastProcessFunction` or a
     :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction`. ``side_outputs``: side
     output name -> table. ``validator`` adds ``_reason`` to invalid events (they go to
-    ``rejected_table``). ``descriptions``: table -> asset description.
+    ``rejected_table``). ``descriptions``: table -> asset description. ``metadata``: an
+    optional :data:`MetadataHook` whose entries join each batch's materializations.
     """
 
     name: str
@@ -58,6 +64,7 @@ class PipelineDeclaration:
     group_name: str | None = None
     #: the ``events_fresh`` check fails when an events version older than this is unprocessed
     freshness_seconds: float = 900.0
+    metadata: MetadataHook | None = None
 
     @property
     def keyed(self) -> bool:

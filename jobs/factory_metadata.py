@@ -6,7 +6,8 @@ plots per batch: ``events`` (read), ``outputs`` (main output rows), ``side_outpu
 batch's oldest events version -> commit of its main output), ``lag_versions`` and
 ``lag_seconds`` (events versions committed after the batch's range when it was recorded,
 and how long ago the oldest of them committed), ``batch_seconds``, plus ``batch_rows`` and
-``dagster/row_count`` per asset (from the Delta log's statistics, no scan).
+``dagster/row_count`` per asset (from the Delta log's statistics, no scan). A declaration's
+``metadata`` hook adds its own entries per output table.
 """
 
 import json
@@ -118,6 +119,8 @@ def batch_metadata(
     }
     if written is not None and oldest is not None:
         common["latency_seconds"] = round(written - oldest, 3)
-    return {table: output_metadata(common, int(counts.get(key, 0)), settings.table_path(table),
-                                   result.output_versions.get(table, -1))
+    extra = decl.metadata(settings, result) if decl.metadata is not None else {}
+    return {table: {**output_metadata(common, int(counts.get(key, 0)), settings.table_path(table),
+                                      result.output_versions.get(table, -1)),
+                    **extra.get(table, {})}
             for table, key in decl.outputs}
