@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
 
 __all__ = [
-    "BUILTIN_DEFAULTS", "DEFAULT_APP_NAME", "ServerUnavailableError", "build_conf",
+    "BUILTIN_DEFAULTS", "DEFAULT_APP_NAME", "ServerUnavailableError", "activate", "build_conf",
     "check_java", "default_parallelism", "delta_jar_location", "get_spark", "is_connect",
     "local_checkpoint", "observed_metrics", "persisted_frames", "python_env", "session_id_for",
 ]
@@ -195,6 +195,15 @@ def _activate(spark: SparkSession) -> None:
     registry = getattr(type(spark), "_active_session", None)
     if registry is not None:
         registry.session = spark
+
+
+def activate(spark: SparkSession) -> None:
+    """Make ``spark`` this thread's active session when it is a Spark Connect one (no-op
+    in-process). pyspark.ml over Connect fits on the data's session but fetches the fitted
+    model's attributes (``coefficients``, ...) through the thread's active session: with
+    several Connect sessions in the process, activate the data's session before fitting."""
+    if is_connect(spark):
+        _activate(spark)
 
 
 def local_checkpoint(frame: DataFrame) -> DataFrame:
