@@ -95,6 +95,18 @@ _KEYED_STATE: tuple[Column, ...] = (
     ("_expires_at", "bigint", "When the key's next TTL entry expires (ms)."),
     ("_batch", "bigint", "The batch that wrote the row."),
 )
+#: events of the scoring pipeline (jobs/scoring.py)
+_SCORING_EVENT: tuple[Column, ...] = (
+    ("event_id", "bigint", "Event id (a second copy within a batch is rejected)."),
+    ("user_id", "bigint", "The user to score (decides champion or challenger)."),
+    ("segment", "string", "The user's segment: picks the models."),
+    ("recency_days", "double", "Days since the user's last event (null, NaN or "
+                               "negative: rejected)."),
+    ("frequency", "double", "The user's accepted events to date (idem)."),
+    ("monetary", "double", "The user's purchase amounts to date (idem)."),
+    ("ts", "bigint", "Event time, epoch ms, UTC (null: rejected)."),
+
+)  # fmt: skip
 
 COLUMNS: dict[str, tuple[Column, ...]] = {
     RAW_USERS: (
@@ -189,6 +201,52 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
                              "duplicate_tx_id."),
         ("raw_record", "string", "The raw transaction as JSON."),
         ("batch_id", "int", "The micro-batch that read it (the fraud pipeline's progress "
+                            "log)."),
+    ),
+    # the scoring pipeline (jobs/scoring.py: declared through jobs/factory.py) and its inputs
+    "models": (
+        ("model_id", "string", "<segment>:<role>, one row per model (the broadcast state's "
+                               "key)."),
+        ("segment", "string", "The user segment the model scores (user_segments)."),
+        ("role", "string", "champion or challenger (at most one of each per segment)."),
+        ("traffic_share", "double", "Share of the segment's users the model scores (the "
+                                    "challenger's: users whose CRC-32 bucket is below it)."),
+        ("features", "array<string>", "Feature columns, in coefficient order."),
+        ("coefficients", "array<double>", "Logistic-regression coefficient per feature."),
+        ("intercept", "double", "Logistic-regression intercept."),
+        ("reg_param", "double", "regParam the model was fitted with."),
+        ("max_iter", "int", "maxIter the model was fitted with."),
+        ("training_rows", "bigint", "(user, day) rows of the segment it was fitted on."),
+        ("positives", "bigint", "Of those, rows whose user purchased the next day."),
+        ("features_day", "date", "Newest user_features day of its training rows."),
+        ("trained_at", "timestamp", "When the training ran (UTC)."),
+    ),
+    "scoring_events": _SCORING_EVENT,
+    "scoring_unmatched": (
+        *_SCORING_EVENT,
+        ("_state_version", "string", "JSON {table: Delta version} of the models version "
+                                     "that had no model for the event's segment."),
+    ),
+    "predictions": (
+        ("event_id", "bigint", "The scored event."),
+        ("user_id", "bigint", "The scored user."),
+        ("segment", "string", "The user's segment (the event's)."),
+        ("ts", "bigint", "Event time, epoch ms, UTC."),
+        ("model_id", "string", "The model that scored it (models.model_id)."),
+        ("role", "string", "champion or challenger."),
+        ("model_version", "bigint", "The Delta version of models the batch applied (time "
+                                    "travel to it gives the parameters used)."),
+        ("score", "double", "P(purchase next day): sigmoid(intercept + coefficients . "
+                            "features)."),
+        ("prediction", "boolean", "score >= 0.5."),
+        ("_state_version", "string", "JSON {table: Delta version} of the broadcast state "
+                                     "that scored the row (lineage)."),
+    ),
+    "predictions_rejected": (
+        ("reason", "string", "Why the event was rejected: null_event_id, null_user_id, "
+                             "null_segment, null_ts, bad_<feature> or duplicate_event_id."),
+        ("raw_record", "string", "The raw event as JSON."),
+        ("batch_id", "int", "The micro-batch that read it (the scoring pipeline's progress "
                             "log)."),
     ),
     # the pipeline's own tables (assets of the maintenance job: jobs/maintenance.py)

@@ -22,7 +22,9 @@ from jobs.microbatch import (
     enrichment_microbatch,
     enrichment_microbatch_assets,
 )
+from jobs.model_training import SCORING_EVENTS_SPEC, models
 from jobs.runs import QUIET_RUN_LOGS
+from jobs.scoring import SCORING_PIPELINE
 from jobs.sensors import broadcast_versions_sensor
 from jobs.state_budget import state_budget
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, USER_FEATURES, USER_SEGMENTS
@@ -56,15 +58,15 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
 )
 
 #: pipelines declared through the factory (jobs/factory.py): job, assets, sensor, checks each
-FACTORY_PIPELINES = (FRAUD_PIPELINE,)
+FACTORY_PIPELINES = (FRAUD_PIPELINE, SCORING_PIPELINE)
 
 # Steps run in the run's process: they share its one Spark session (lakecast.spark.get_spark)
 # instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
     executor=in_process_executor,
     assets=[*BATCH_ASSETS, events, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS,
-            *(p.assets for p in FACTORY_PIPELINES), fraud_rules, transactions,
-            *(s for p in FACTORY_PIPELINES for s in p.maintenance.specs)],
+            *(p.assets for p in FACTORY_PIPELINES), fraud_rules, transactions, models,
+            SCORING_EVENTS_SPEC, *(s for p in FACTORY_PIPELINES for s in p.maintenance.specs)],
     asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted, state_budget,
                   *(c for p in FACTORY_PIPELINES for c in p.checks)],
     jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
