@@ -7,7 +7,8 @@ tenure_days + 1``) and the label "purchased on day D + 1" (``purchases`` grew fr
 D + 1), for every pair of consecutive days; the user's segment comes from
 ``user_segments``. Per segment, :class:`pyspark.ml.classification.LogisticRegression`
 (``max_iter`` iterations) trains a champion (``champion_reg``) and a challenger
-(``challenger_reg``) that gets ``challenger_share`` of the segment's users. A segment
+(``challenger_reg``) that gets ``challenger_share`` of the segment's users; the fits run
+in a few driver threads at once. A segment
 whose rows all have one label (or fewer than ``min_rows``) gets no model. The same code
 runs on a classic session and over Spark Connect (Spark 4's pyspark.ml fits remotely).
 
@@ -16,6 +17,7 @@ The whole table is overwritten in one commit: each training is one Delta version
 Dagster.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -68,6 +70,8 @@ class TrainingSpec:
     challenger_reg: float = 0.1
     challenger_share: float = 0.2
     min_rows: int = 10
+    #: fits run at once (threads of the driver)
+    parallel_fits: int = 4
 
 
 def training_rows(spark: "SparkSession", settings: Settings) -> "DataFrame":
@@ -101,14 +105,13 @@ def train_models(spark: "SparkSession", settings: Settings, spec: TrainingSpec |
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import functions as F
 
-    rows: list[dict[str, Any]] = []
     trained_at = datetime.now(UTC).replace(tzinfo=None)
     assembler = VectorAssembler(inputCols=list(FEATURES), outputCol="features_vector")
-    activate(spark)  # Connect: the fitted models are read through the active session
     with persisted_frames() as persist:
         data = persist(assembler.transform(training_rows(spark, settings)))
         stats = data.groupBy("segment").agg(F.count("*").alias("n"), F.sum("label").alias("pos"),
                                             F.max("day").alias("day")).collect()
+        tasks = []
         for s in sorted(stats, key=lambda r: r["segment"]):
             n, pos = int(s["n"]), int(s["pos"] or 0)
             if n < spec.min_rows or pos in (0, n):
@@ -116,21 +119,27 @@ def train_models(spark: "SparkSession", settings: Settings, spec: TrainingSpec |
                     log.warning(f"{MODELS}: segment {s['segment']!r} gets no model "
                                 f"({n} rows, {pos} positive)")
                 continue
-            subset = data.filter(F.col("segment") == s["segment"])
-            roles = ((CHAMPION, spec.champion_reg, 1.0 - spec.challenger_share),
-                     (CHALLENGER, spec.challenger_reg, spec.challenger_share))
-            for role, reg, share in roles:
-                lr = LogisticRegression(featuresCol="features_vector", labelCol="label",
-                                        maxIter=spec.max_iter, regParam=reg)
-                model = lr.fit(subset)
-                rows.append({
-                    "model_id": f"{s['segment']}:{role}", "segment": s["segment"],
-                    "role": role, "traffic_share": share, "features": list(FEATURES),
-                    "coefficients": [float(c) for c in model.coefficients.toArray()],
-                    "intercept": float(model.intercept), "reg_param": reg,
-                    "max_iter": spec.max_iter, "training_rows": n, "positives": pos,
-                    "features_day": s["day"], "trained_at": trained_at,
-                })  # fmt: skip
+            tasks += [(s, n, pos, CHAMPION, spec.champion_reg, 1.0 - spec.challenger_share),
+                      (s, n, pos, CHALLENGER, spec.challenger_reg, spec.challenger_share)]
+
+        def fit(task: tuple[Any, int, int, str, float, float]) -> dict[str, Any]:
+            s, n, pos, role, reg, share = task
+            activate(spark)  # Connect: the fitted model is read through the active session
+            lr = LogisticRegression(featuresCol="features_vector", labelCol="label",
+                                    maxIter=spec.max_iter, regParam=reg)
+            model = lr.fit(data.filter(F.col("segment") == s["segment"]))
+            return {
+                "model_id": f"{s['segment']}:{role}", "segment": s["segment"], "role": role,
+                "traffic_share": share, "features": list(FEATURES),
+                "coefficients": [float(c) for c in model.coefficients.toArray()],
+                "intercept": float(model.intercept), "reg_param": reg,
+                "max_iter": spec.max_iter, "training_rows": n, "positives": pos,
+                "features_day": s["day"], "trained_at": trained_at,
+            }  # fmt: skip
+
+        # the fits are small: their Spark jobs overlap (latency, not cores, bounds them)
+        with ThreadPoolExecutor(max_workers=max(1, spec.parallel_fits)) as pool:
+            rows = list(pool.map(fit, tasks))
     columns = [c.split()[0] for c in MODELS_SCHEMA.split(", ")]
     frame = spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], MODELS_SCHEMA)
     version = delta_io.write(frame, settings.table_path(MODELS), mode="overwrite")
