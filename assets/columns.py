@@ -108,6 +108,23 @@ _SCORING_EVENT: tuple[Column, ...] = (
 
 )  # fmt: skip
 
+#: a broadcast pipeline's snapshot table (lakecast.snapshots.store.SnapshotStore)
+_SNAPSHOTS: tuple[Column, ...] = (
+        ("checkpoint_id", "bigint", "The checkpoint (also the table's partition column)."),
+        ("kind", "string", "checkpoint (header), manifest (one per task and state) or entry."),
+        ("task", "int", "The task whose state a manifest row describes."),
+        ("state", "string", "The broadcast state's descriptor name."),
+        ("seq", "bigint", "Order of an entry row within its state content."),
+        ("key", "string", "An entry's key (typed JSON; never pickled)."),
+        ("value", "binary", "An entry's value, or Arrow IPC bytes of a table state."),
+        ("content_hash", "string", "Hash of a state's content: stored once however many "
+                                   "tasks hold it."),
+        ("n_entries", "bigint", "Entries of the state a manifest row describes."),
+        ("meta", "string", "JSON: the header's state version and batch, or a manifest's "
+                           "details."),
+        ("created_at_ms", "bigint", "When the checkpoint was taken (epoch ms, UTC)."),
+)  # fmt: skip
+
 COLUMNS: dict[str, tuple[Column, ...]] = {
     RAW_USERS: (
         ("user_id", "bigint", "User id (null in malformed rows)."),
@@ -253,21 +270,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
     "enrichment_progress": _PROGRESS,
     "fraud_progress": _PROGRESS,
     "fraud_keyed_state": _KEYED_STATE,
-    "enrichment_snapshots": (
-        ("checkpoint_id", "bigint", "The checkpoint (also the table's partition column)."),
-        ("kind", "string", "checkpoint (header), manifest (one per task and state) or entry."),
-        ("task", "int", "The task whose state a manifest row describes."),
-        ("state", "string", "The broadcast state's descriptor name."),
-        ("seq", "bigint", "Order of an entry row within its state content."),
-        ("key", "string", "An entry's key (typed JSON; never pickled)."),
-        ("value", "binary", "An entry's value, or Arrow IPC bytes of a table state."),
-        ("content_hash", "string", "Hash of a state's content: stored once however many "
-                                   "tasks hold it."),
-        ("n_entries", "bigint", "Entries of the state a manifest row describes."),
-        ("meta", "string", "JSON: the header's state version and batch, or a manifest's "
-                           "details."),
-        ("created_at_ms", "bigint", "When the checkpoint was taken (epoch ms, UTC)."),
-    ),
+    "enrichment_snapshots": _SNAPSHOTS,
+    "scoring_progress": _PROGRESS,
+    "scoring_snapshots": _SNAPSHOTS,
 }  # fmt: skip
 
 

@@ -49,7 +49,8 @@ FRAUD_TABLES = frozenset(
      "fraud_progress", "fraud_keyed_state"})
 #: likewise the scoring pipeline's tables (tests/jobs/test_model_pipeline.py)
 MODEL_TABLES = frozenset(
-    {"models", "scoring_events", "predictions", "scoring_unmatched", "predictions_rejected"})
+    {"models", "scoring_events", "predictions", "scoring_unmatched", "predictions_rejected",
+     "scoring_progress", "scoring_snapshots"})
 
 
 def column_mismatches(spark, lake, tables) -> dict[str, list[tuple[str, str]]]:

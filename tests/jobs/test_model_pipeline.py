@@ -303,8 +303,10 @@ def test_models_trained_twice_and_every_prediction_matches_its_model_version(spa
                       for r in rows_of(spark, lake, PREDICTIONS_REJECTED))
     assert rejected == sorted([(why, e["event_id"]) for e, why in BAD]
                               + [("duplicate_event_id", batches[0][3]["event_id"])])
-    # every table of the pipeline has the columns assets/columns.py declares for it
-    assert not column_mismatches(spark, lake, MODEL_TABLES)
+    # every table of the pipeline has the columns assets/columns.py declares for it (no
+    # checkpoint yet, every 10 batches: the snapshot table's columns, SnapshotStore's, are
+    # checked through enrichment_snapshots in tests/assets/test_columns.py)
+    assert not column_mismatches(spark, lake, MODEL_TABLES - {"scoring_snapshots"})
 
 
 def test_definitions_hold_the_models_asset_and_the_scoring_pipeline():
