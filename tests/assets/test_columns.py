@@ -33,11 +33,12 @@ def test_every_asset_declares_described_columns():
 
 
 def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
+    from jobs.definitions import FACTORY_PIPELINES
     from jobs.factory_maintenance import factory_tables
-    from jobs.fraud import FRAUD
     from jobs.maintenance import TABLES  # the pipelines' own tables live elsewhere
 
-    paths = {t.name: t.path(lake) for t in (*TABLES, *factory_tables(FRAUD))}
+    factory = [t for p in FACTORY_PIPELINES for t in factory_tables(p.declaration)]
+    paths = {t.name: t.path(lake) for t in (*TABLES, *factory)}
     df = delta_io.read(spark, paths.get(table, lake.table_path(table)))
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
 
