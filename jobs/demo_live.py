@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,17 +48,23 @@ class LiveOutcome:
     summary: str
 
 
-def reset_demo_lake(settings: Settings) -> list[str]:
-    """Remove every table the demo writes, and the micro-batch's checkpoints, so each
-    ``make demo`` tells the same story from scratch. Returns the tables removed."""
+def remove_tables(settings: Settings, names: Iterable[str], checkpoints: str) -> list[str]:
+    """Remove the tables ``names`` of the lake and the checkpoint folder ``checkpoints``
+    (progress log, snapshots); returns the tables that were there."""
     removed = []
-    for name in (*ALL_TABLES, *OUTPUTS, "feature_flags"):
+    for name in names:
         path = Path(settings.table_path(name))
         if path.exists():
             shutil.rmtree(path)
             removed.append(name)
-    shutil.rmtree(settings.checkpoint_path(ENRICHMENT.name), ignore_errors=True)
+    shutil.rmtree(settings.checkpoint_path(checkpoints), ignore_errors=True)
     return removed
+
+
+def reset_demo_lake(settings: Settings) -> list[str]:
+    """Remove every table the demo writes, and the micro-batch's checkpoints, so each
+    ``make demo`` tells the same story from scratch. Returns the tables removed."""
+    return remove_tables(settings, (*ALL_TABLES, *OUTPUTS, "feature_flags"), ENRICHMENT.name)
 
 
 class SensorLoop:

@@ -9,13 +9,11 @@ prints what each broadcast version produced, from the runs' Dagster metadata.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 from dagster import DagsterInstance, ExecuteInProcessResult, materialize
 
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.declaration import PipelineDeclaration
+from jobs.demo_live import remove_tables
 from jobs.fraud import FRAUD, FRAUD_RULES
 from jobs.fraud_tables import fraud_rules, transactions
 from lakecast.config import Settings
@@ -32,14 +30,7 @@ def reset_pipeline(settings: Settings, decl: PipelineDeclaration) -> list[str]:
     tables = [decl.events_table, *decl.broadcast_tables, *(t for t, _ in decl.outputs)]
     if decl.state_table:
         tables.append(decl.state_table)
-    removed = []
-    for name in tables:
-        path = Path(settings.table_path(name))
-        if path.exists():
-            shutil.rmtree(path)
-            removed.append(name)
-    shutil.rmtree(settings.checkpoint_path(decl.name), ignore_errors=True)
-    return removed
+    return remove_tables(settings, tables, decl.name)
 
 
 def _batches(result: ExecuteInProcessResult, table: str) -> list[dict]:
