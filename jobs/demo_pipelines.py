@@ -16,6 +16,7 @@ from jobs.declaration import PipelineDeclaration
 from jobs.demo_live import remove_tables
 from jobs.fraud import FRAUD, FRAUD_RULES
 from jobs.fraud_tables import fraud_rules, transactions
+from jobs.runs import QUIET_RUN_LOGS
 from lakecast.config import Settings
 
 __all__ = ["DISABLED_RULE", "fraud_tour", "reset_pipeline"]
@@ -54,7 +55,8 @@ def fraud_tour(instance: DagsterInstance) -> list[str]:
             [fraud_rules, transactions],
             instance=instance,
             resources=resources,
-            run_config={"ops": {FRAUD_RULES: {"config": {"disabled": disabled}}}},
+            run_config={**QUIET_RUN_LOGS,
+                        "ops": {FRAUD_RULES: {"config": {"disabled": disabled}}}},
         )
         rules = next(
             m.materialization.metadata
