@@ -27,8 +27,10 @@ in; RSS of dagster dev (runs aside) and of the Spark server flat (median of the 
 of the samples vs the middle third); every enriched row equals the broadcast tables at
 its ``_state_version``; the maintenance runs of both pipelines succeeded; the fraud keyed
 state table's bytes on disk stay bounded (median of the last third of the per-minute
-samples <= 1.25 x the middle third's); restoring the newest checkpoint and catching up
-gives the same outputs.
+samples <= 1.25 x the middle third's), and so do the snapshot table's data files (its
+``_delta_log`` is reported apart: Delta removes log files older than
+``delta.logRetentionDuration`` only, cut to whole days); restoring the newest checkpoint
+and catching up gives the same outputs.
 
 Everything listens on 127.0.0.1; the whole soak is bounded (``--minutes`` + 15 min). Run
 it alone on the machine (through spark-lock). JSON goes to ``benchmarks/results/soak.json``.
@@ -161,6 +163,14 @@ def _flat(xs: list[float]) -> dict[str, Any]:
     mid, last = statistics.median(xs[n // 3:2 * n // 3]), statistics.median(xs[2 * n // 3:])
     return {"min": min(xs), "max": max(xs), "mid": round(mid, 1), "last": round(last, 1),
             "flat": last <= 1.2 * mid + 32}
+
+
+def _bounded(xs: list[int | None]) -> dict[str, Any]:
+    """:func:`_flat` of bytes (as MiB), and bounded: the last third's median <= 1.25 x the
+    middle third's."""
+    out = _flat([b / 2**20 for b in xs if b is not None])
+    out["bounded"] = bool(out.get("flat")) and out["last"] <= 1.25 * out["mid"]
+    return out
 
 
 def _past_deadline(*_: object) -> None:
@@ -394,11 +404,12 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     minute = {k: series(rec["minute"], k) for k in (
         "driver_jvm_mib", "python_workers_mib", "python_workers", "snapshot_bytes",
         "checkpoint_root_bytes", "fraud_state_keys", "fraud_state_live_keys",
-        "fraud_state_state_bytes", "fraud_state_disk_bytes")}
-    disk = [m["fraud_state_disk_bytes"] for m in rec["minute"]
-            if m.get("fraud_state_disk_bytes") is not None]
-    bounded = _flat([b / 2**20 for b in disk])  # MiB
-    bounded["bounded"] = bool(bounded.get("flat")) and bounded["last"] <= 1.25 * bounded["mid"]
+        "fraud_state_state_bytes", "fraud_state_disk_bytes", "fraud_state_log_bytes",
+        "snapshot_log_bytes")}
+    bounded = _bounded([m.get("fraud_state_disk_bytes") for m in rec["minute"]])
+    snapshot_data = _bounded([None if m.get("snapshot_log_bytes") is None
+                              else m["snapshot_bytes"] - m["snapshot_log_bytes"]
+                              for m in rec["minute"]])
     lineage = check_lineage(spark, get_settings())
     restore = check_restore(spark, get_settings(), env)  # last: it rewrites the outputs
     changed = {c["table"] for c in rec["broadcast_changes"]
@@ -422,6 +433,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
         "keyed_state": (minute["fraud_state_keys"]["n"] > 0 and fraud_runs["SUCCESS"] > 0
                         and not fraud_runs["FAILURE"]),
         "fraud_state_bounded": bounded["bounded"],
+        "snapshot_data_bounded": snapshot_data["bounded"],
     }
     result = {"args": vars(args), "runs_summary": summary, "batches_committed": len(committed),
               "materializations": mats, "counts": counts, "memory": memory,
@@ -441,7 +453,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                "restore": {k: v for k, v in restore.items() if k != "catch_up_stderr"},
                "keyed_state": {"fraud_runs": fraud_runs,
                                **{k: v for k, v in minute.items() if "fraud" in k}},
-               "fraud_state_bounded": bounded}
+               "fraud_state_bounded": bounded, "snapshot_data_bounded": snapshot_data}
     print("per minute:", json.dumps(minute))
     for name, passed in targets.items():
         print(f"{'PASS' if passed else 'FAIL'} {name}: {json.dumps(details[name])}")

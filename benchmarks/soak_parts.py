@@ -169,7 +169,8 @@ def keyed_state(path: str) -> dict[str, int | None]:
 
     version = delta_io.latest_version(path)
     if version is None:
-        return {"keys": None, "live_keys": None, "state_bytes": None, "disk_bytes": 0}
+        return {"keys": None, "live_keys": None, "state_bytes": None, "disk_bytes": 0,
+                "log_bytes": 0}
     rows = newest_rows(delta_io.table_files(path, version).read())
     rows = rows.filter(pc.greater_equal(rows.column(GROUP), 0))
     now = int(time.time() * 1000)
@@ -178,7 +179,8 @@ def keyed_state(path: str) -> dict[str, int | None]:
     sizes = pc.binary_length(rows.column(STATE))
     return {"version": version, "keys": rows.num_rows,
             "live_keys": int(pc.sum(pc.cast(live, "int64")).as_py() or 0),
-            "state_bytes": int(pc.sum(sizes).as_py() or 0), "disk_bytes": dir_bytes(path)}
+            "state_bytes": int(pc.sum(sizes).as_py() or 0), "disk_bytes": dir_bytes(path),
+            "log_bytes": dir_bytes(os.path.join(path, "_delta_log"))}
 
 
 def minute_sample(settings: Settings, procs: dict[int, tuple[int, int, str]],
@@ -193,6 +195,8 @@ def minute_sample(settings: Settings, procs: dict[int, tuple[int, int, str]],
         "python_workers": len(workers),
         "python_workers_mib": round(sum(procs[p][1] for p in workers) / 2**20, 1),
         "snapshot_bytes": dir_bytes(snapshot_path(settings, "enrichment")),
+        "snapshot_log_bytes": dir_bytes(os.path.join(snapshot_path(settings, "enrichment"),
+                                                     "_delta_log")),
         "checkpoint_root_bytes": dir_bytes(settings.checkpoint_root),
     }
     try:

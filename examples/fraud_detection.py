@@ -74,6 +74,12 @@ class FraudDetector(KeyedBroadcastProcessFunction):
     #: how long a merchant counts as used before (a subclass may shorten it)
     merchant_ttl: dt.timedelta = MERCHANT_TTL
 
+    def __init__(self, merchant_ttl: dt.timedelta | None = None) -> None:
+        # an instance attribute travels with the pickled function to the Python workers; a
+        # class attribute would be re-evaluated there, where the workers import this class
+        # in the Spark server's environment, not the run's
+        self.merchant_ttl = merchant_ttl or type(self).merchant_ttl
+
     def state_descriptors(self) -> list[MapStateDescriptor]:
         return [RULES]
 
