@@ -16,6 +16,9 @@ killed after N batches still shows those N):
   log's file statistics, no scan);
 - ``state_bytes_per_task``, ``state_bytes_total`` (x ``parallelism``), ``state_budget_bytes``
   and ``state_over_budget`` (the ``state_budget`` check reads them: :mod:`jobs.state_budget`);
+- ``broadcast_age_seconds``, ``broadcast_stale_seconds``, ``broadcast_versions_behind``
+  and ``broadcast_age`` (per table): how old the applied broadcast versions are
+  (:mod:`jobs.broadcast_age`);
 - ``batch_seconds`` and ``commit_to_output_seconds``: from the commit of the oldest
   events version in the batch to the commit of the batch's main output (and
   ``newest_commit_to_output_seconds`` from the newest one).
@@ -30,6 +33,7 @@ from typing import Any
 
 from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
 
+from jobs.broadcast_age import broadcast_age
 from jobs.enrichment_pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
 from jobs.state_budget import state_budget_metadata
 from lakecast.config import Settings
@@ -72,6 +76,7 @@ def batch_metadata(
     if written is not None and oldest is not None and newest is not None:
         common["commit_to_output_seconds"] = round(written - oldest, 3)
         common["newest_commit_to_output_seconds"] = round(written - newest, 3)
+    common.update(broadcast_age(settings.table_path, plan.broadcast_versions, written))
     common.update(extra or {})
     return {asset: output_metadata(common, int(counts.get(count_key, 0)),
                                    settings.table_path(asset), output_versions.get(asset, -1))

@@ -5,7 +5,10 @@ plots per batch: ``events`` (read), ``outputs`` (main output rows), ``side_outpu
 (all side outputs; ``side_<name>`` each), ``rejected``, ``latency_seconds`` (commit of the
 batch's oldest events version -> commit of its main output), ``lag_versions`` and
 ``lag_seconds`` (events versions committed after the batch's range when it was recorded,
-and how long ago the oldest of them committed), ``batch_seconds``, plus ``batch_rows`` and
+and how long ago the oldest of them committed), ``batch_seconds``, the age of the applied
+broadcast versions (``broadcast_age_seconds``, ``broadcast_stale_seconds``,
+``broadcast_versions_behind``: :mod:`jobs.broadcast_age`), ``state_bytes_per_task`` and
+``state_bytes_total`` (x ``parallelism``), plus ``batch_rows`` and
 ``dagster/row_count`` per asset (from the Delta log's statistics, no scan). A declaration's
 ``metadata`` hook adds its own entries per output table.
 """
@@ -18,6 +21,7 @@ from typing import Any
 from dagster import MetadataValue
 
 from jobs.batch_metadata import output_metadata
+from jobs.broadcast_age import broadcast_age
 from jobs.declaration import PipelineDeclaration
 from jobs.enrichment_pipeline import VERSIONS_TAG
 from lakecast.config import Settings
@@ -115,10 +119,12 @@ def batch_metadata(
         "parallelism": result.parallelism,
         "cold_tasks": result.cold_tasks,
         "state_bytes_per_task": result.state_bytes_per_task,
+        "state_bytes_total": result.state_bytes_per_task * max(result.parallelism or 1, 1),
         "refused_versions": MetadataValue.json(list(result.refused_versions)),
     }
     if written is not None and oldest is not None:
         common["latency_seconds"] = round(written - oldest, 3)
+    common.update(broadcast_age(settings.table_path, plan.broadcast_versions, written))
     extra = decl.metadata(settings, result) if decl.metadata is not None else {}
     return {table: {**output_metadata(common, int(counts.get(key, 0)), settings.table_path(table),
                                       result.output_versions.get(table, -1)),

@@ -159,6 +159,11 @@ def test_fraud_job_over_three_rules_versions_matches_the_reference(spark, lake):
             assert m["events"] == len(txs)
             assert m["events"] == m["processed"] + m["rejected"]
             assert m["lag_versions"] == 0 and m["latency_seconds"] >= 0
+            # the rules version applied is the newest, written before the transactions
+            assert m["broadcast_versions_behind"] == 0 and m["broadcast_stale_seconds"] == 0
+            assert m["broadcast_age"][FRAUD_RULES]["version"] == i
+            assert m["broadcast_age_seconds"] >= m["latency_seconds"]
+            assert m["state_bytes_total"] == m["state_bytes_per_task"] * m["parallelism"]
             assert [
                 meta[t]["batch_rows"] for t in (FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_REJECTED)
             ] == [m["outputs"], m["side_review"], m["rejected"]]
