@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -337,3 +338,34 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
                  for job in jobs}
     return {"runs": runs, "succeeded": succeeded,
             "ok": all(succeeded.values()) and not any(r["status"] == "FAILURE" for r in runs)}
+
+
+def storage_bounded(minute: list[dict[str, Any]], disk: str, log: str, period: int,
+                    state: str | None = None) -> dict[str, Any]:
+    """Whether storage under periodic maintenance stays bounded.
+
+    Between two maintenance runs the data files grow (each batch appends; VACUUM removes
+    what no version needs only when it runs), so the per-minute bytes are a sawtooth and a
+    median over a third of the run depends on where the teeth fall. What must not grow is
+    what survives maintenance: the data bytes (``disk`` minus the Delta ``log``) at their
+    minimum in each complete window of ``period`` samples (one maintenance run per window).
+    Bounded: the last window's minimum <= 1.25 x the previous window's, and, with ``state``
+    (live state bytes), the last third's median <= 1.25 x the middle third's. The Delta
+    log is reported apart: Delta deletes log files older than ``delta.logRetentionDuration``
+    only (cut to whole days), so within a soak it grows by one commit per batch."""
+    data = [None if m.get(disk) is None else m[disk] - (m.get(log) or 0) for m in minute]
+    windows = [data[i:i + period] for i in range(0, len(data) - period + 1, period)]
+    floors = [min((b for b in w if b is not None), default=None) for w in windows]
+    out: dict[str, Any] = {"period_samples": period, "data_floor_bytes": floors,
+                           "data_max_bytes": max((b for b in data if b is not None), default=None),
+                           "log_bytes_last": minute[-1].get(log) if minute else None}
+    ok = len(floors) >= 2 and None not in floors[-2:] and floors[-1] <= 1.25 * floors[-2]
+    if state is not None:
+        xs = [m[state] for m in minute if m.get(state) is not None]
+        n = len(xs)
+        mid, last = (statistics.median(xs[n // 3:2 * n // 3]),
+                     statistics.median(xs[2 * n // 3:])) if n >= 3 else (None, None)
+        out["state_bytes_mid"], out["state_bytes_last"] = mid, last
+        ok = ok and mid is not None and last <= 1.25 * mid
+    out["bounded"] = ok
+    return out
