@@ -1,7 +1,8 @@
 """``python -m jobs.ui [--port 3000]``: ``dagster dev`` as ``make ui`` runs it, quiet.
 
 An operator leaves it running for hours, so its terminal shows what needs them — warnings
-and errors — and says once where the UI is; everything else is in the UI:
+and errors — and says once which pipelines it runs (:func:`pipeline_lines`: a line per
+sensor-triggered micro-batch job) and where the UI is; everything else is in the UI:
 
 - the daemon and the webserver log at ``warning`` (``--log-level``): no lines per sensor
   tick, per queued run or per monitoring pass;
@@ -24,8 +25,12 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lakecast.config import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from dagster import Definitions
 
 LOG_LEVEL = "warning"
 #: the one warning filtered (Python's -W syntax: action:message prefix:category)
@@ -45,6 +50,28 @@ def dev_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with :data:`DEV_SUPERSEDED` added to ``PYTHONWARNINGS``."""
     filters = [f for f in env.get("PYTHONWARNINGS", "").split(",") if f]
     return {**env, "PYTHONWARNINGS": ",".join([*filters, DEV_SUPERSEDED])}
+
+
+def pipeline_lines(defs: Definitions | None = None) -> list[str]:
+    """A line per pipeline of ``defs`` (default: ``jobs.definitions``'s, what the workspace
+    loads): each sensor's job, the sensor, the tables the job writes and the tables they
+    are computed from."""
+    from dagster import DefaultSensorStatus
+
+    if defs is None:
+        from jobs.definitions import defs
+    graph = defs.resolve_asset_graph()
+    lines = []
+    for sensor in sorted(defs.sensors or (), key=lambda s: s.name):
+        for job_name in sorted(t.job_name for t in sensor.targets):
+            keys = defs.resolve_job_def(job_name).asset_layer.selected_asset_keys
+            parents = {p for k in keys for p in graph.get(k).parent_keys} - set(keys)
+            outputs = ", ".join(sorted(k.to_user_string() for k in keys))
+            inputs = ", ".join(sorted(k.to_user_string() for k in parents))
+            state = "on" if sensor.default_status == DefaultSensorStatus.RUNNING else "off"
+            lines.append(f"  {job_name} (sensor {sensor.name}, {state} by default): writes "
+                         f"{outputs}; reads {inputs}")
+    return sorted(lines)
 
 
 def serving(url: str) -> bool:
@@ -74,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args(argv)
     cmd = dev_command(args.port, args.host)
+    print("Lakecast pipelines (job, its sensor, the tables it writes and reads):")
+    print("\n".join(pipeline_lines()))
     sys.stdout.flush()
     if os.fork() == 0:  # a small child announces the URL; this process becomes dagster dev
         announce_when_serving(f"http://{args.host}:{args.port}")
