@@ -6,7 +6,8 @@
    every generated day in ONE run (single-run backfill), with all asset checks;
 4. print each table's Delta version and row count, and the segment sizes;
 5. the storefront micro-batch live (:mod:`jobs.demo_live`), then the fraud-rules
-   pipeline over two rules versions (:mod:`jobs.demo_pipelines`).
+   pipeline over two rules versions and the model-scoring pipeline over two trainings of
+   ``models`` (:mod:`jobs.demo_pipelines`).
 
 Re-runnable: the raw data is regenerated identically, so the second run's MERGEs
 change nothing.
@@ -29,8 +30,9 @@ from dagster._core.storage.tags import (
 from assets.segments import segment_counts
 from jobs.definitions import daily_segment_refresh_job, defs, dimension_refresh_job
 from jobs.demo_live import reset_demo_lake, run_live
-from jobs.demo_pipelines import fraud_tour, reset_pipeline
+from jobs.demo_pipelines import fraud_tour, reset_pipeline, scoring_tour
 from jobs.fraud import FRAUD
+from jobs.scoring import SCORING
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.tables import ALL_TABLES, QUARANTINE
@@ -115,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = datagen.GenSpec(scale=1.0, seed=datagen.DEFAULT_SEED)
     instance = dagster_instance(settings)
     print(f"==> Dagster home {settings.dagster_home}", flush=True)
-    removed = reset_demo_lake(settings) + reset_pipeline(settings, FRAUD)
+    removed = (reset_demo_lake(settings) + reset_pipeline(settings, FRAUD)
+               + reset_pipeline(settings, SCORING))
     if removed:
         print(f"==> reset the demo's tables in {settings.lake_root} ({len(removed)} tables; "
               "the Dagster run history is kept)", flush=True)  # fmt: skip
@@ -145,6 +148,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"\n==> the fraud-rules pipeline ({FRAUD.job_name}): two {FRAUD.broadcast_tables[0]} "
           "versions, a run after each", flush=True)  # fmt: skip
     for line in fraud_tour(instance):
+        print(line)
+    print(f"\n==> the model-scoring pipeline ({SCORING.job_name}): {SCORING.broadcast_tables[0]} "
+          "trained twice (Spark MLlib, champion and challenger per segment), a run after each",
+          flush=True)  # fmt: skip
+    for line in scoring_tour(instance):
         print(line)
     print(f"\ndone in {time.monotonic() - started:.0f}s; runs are in {settings.dagster_home} "
           "(`make ui` to browse them)")  # fmt: skip

@@ -63,3 +63,80 @@ def test_fraud_tour_runs_the_factory_job_over_two_rules_versions(spark, lake):
     assert sorted(reset_pipeline(lake, FRAUD)) == sorted(
         [FRAUD.events_table, *FRAUD.broadcast_tables, *(t for t, _ in FRAUD.outputs),
          FRAUD.state_table])  # fmt: skip
+
+
+def test_scoring_tour_scores_each_batch_with_the_models_version_current_at_it(spark, lake):
+    """The demo's scoring section on a demo lake (SMALL): ``models`` trained twice, scoring
+    events and a run after each. Against the tables, read with pandas: every prediction
+    carries the models version last committed before its events were (Delta commit times)
+    and the role its user's CRC-32 bucket gets under that version's challenger share; the
+    unmatched events are those of segments without a model in that version; each line's
+    predictions per models version and role, and its unmatched, are its batch's rows."""
+    import zlib
+
+    from jobs.demo_pipelines import CHALLENGER_SHARES, scoring_tour
+    from jobs.scoring import (
+        MODELS,
+        PREDICTIONS,
+        PREDICTIONS_REJECTED,
+        SCORING_EVENTS,
+        SCORING_UNMATCHED,
+    )
+    from lakecast.delta import io as delta_io
+    from lakecast.tools import datagen
+
+    per_run = 120
+    datagen.generate(spark, lake, SMALL)
+    with DagsterInstance.ephemeral() as instance:
+        demo.materialize_dimensions(instance)
+        demo.materialize_segments(instance, SMALL.day_keys[0], SMALL.day_keys[-1])
+        lines = scoring_tour(instance, events_per_run=per_run, max_iter=5)
+    assert len(lines) == 2, lines
+    events_path, models_path = lake.table_path(SCORING_EVENTS), lake.table_path(MODELS)
+    assert delta_io.latest_version(events_path) == delta_io.latest_version(models_path) == 1
+
+    def committed(path: str, version: int) -> int:
+        return delta_io.commit_info(path, version).timestamp_ms
+
+    # the models version in force when each events version was committed
+    current = {e: max(m for m in (0, 1) if committed(models_path, m) <= committed(events_path, e))
+               for e in (0, 1)}  # fmt: skip
+    batch_of: dict[int, int] = {}  # event_id -> the events version that appended it
+    for e in (0, 1):
+        ids = delta_io.read(spark, events_path, e).toPandas()["event_id"]
+        batch_of.update({int(i): e for i in ids if int(i) not in batch_of})
+    assert len(batch_of) == 2 * per_run
+    segments_of = {v: set(delta_io.read(spark, models_path, v).toPandas()["segment"])
+                   for v in (0, 1)}  # fmt: skip
+    shares = {v: {r["segment"]: r["traffic_share"]
+                  for r in delta_io.read(spark, models_path, v).collect()
+                  if r["role"] == "challenger"} for v in (0, 1)}  # fmt: skip
+    preds = delta_io.read(spark, lake.table_path(PREDICTIONS)).toPandas()
+    unmatched = delta_io.read(spark, lake.table_path(SCORING_UNMATCHED)).toPandas()
+    rejected_path = lake.table_path(PREDICTIONS_REJECTED)  # written with its first row
+    assert delta_io.latest_version(rejected_path) is None or (
+        delta_io.read(spark, rejected_path).count() == 0)
+    assert len(preds) + len(unmatched) == 2 * per_run and len(preds) > 0
+
+    preds["batch"] = preds["event_id"].map(batch_of)
+    want_version = preds["batch"].map(current)
+    assert (preds["model_version"] == want_version).all(), preds[["event_id", "model_version"]]
+    bucket = preds["user_id"].map(lambda u: zlib.crc32(str(u).encode()) % 10_000)
+    share = [shares[v].get(s, 0.0) for v, s in zip(want_version, preds["segment"], strict=True)]
+    want_role = ["challenger" if b < s * 10_000 else "champion"
+                 for b, s in zip(bucket, share, strict=True)]  # fmt: skip
+    assert list(preds["role"]) == want_role
+    assert set(preds["role"]) == {"champion", "challenger"}
+    unmatched["batch"] = unmatched["event_id"].map(batch_of)
+    for r in unmatched.itertuples():
+        assert r.segment not in segments_of[current[r.batch]], r
+
+    for e, line in enumerate(lines):
+        v, mine = current[e], preds[preds["batch"] == e]
+        roles = mine["role"].value_counts().to_dict()
+        assert line.startswith(f"{MODELS} v{v} ("), line
+        assert f"challengers on {CHALLENGER_SHARES[v]:.0%} of users" in line, line
+        assert (f"{per_run} events -> {len(mine)} predictions (v{v}: "
+                f"{roles.get('champion', 0)} champion, {roles.get('challenger', 0)} "
+                "challenger)") in line, line  # fmt: skip
+        assert f", {(unmatched['batch'] == e).sum()} unmatched (no model), 0 rejected" in line
