@@ -64,6 +64,8 @@ class PipelineDeclaration:
     group_name: str | None = None
     #: the ``events_fresh`` check fails when an events version older than this is unprocessed
     freshness_seconds: float = 900.0
+    #: rows of the main output the ``output_sample_recomputed`` check recomputes at most
+    recompute_sample: int = 200
     metadata: MetadataHook | None = None
 
     @property

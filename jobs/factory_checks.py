@@ -9,7 +9,10 @@ Spark):
 * ``broadcast_versions_accepted`` (on the main output): the newest version of every
   broadcast table passes the function's table contracts;
 * ``events_fresh`` (on the main output): no events version committed more than the
-  declaration's ``freshness_seconds`` ago is left unprocessed.
+  declaration's ``freshness_seconds`` ago is left unprocessed;
+* ``output_sample_recomputed`` (on the main output, with Spark): a sample of output rows
+  recomputed from the events and the broadcast tables at their batches' versions
+  (:mod:`jobs.factory_recompute`).
 """
 
 import time
@@ -20,6 +23,7 @@ from dagster import AssetCheckResult, AssetChecksDefinition, MetadataValue, asse
 from assets.resources import LakeResource
 from jobs.declaration import PipelineDeclaration
 from jobs.factory_metadata import lag
+from jobs.factory_recompute import recompute_check
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
@@ -175,4 +179,4 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
         passed, problem, meta = events_freshness(decl, lake.settings())
         return AssetCheckResult(passed=passed, metadata=meta, description=problem)
 
-    return [check_counts, check_versions, check_fresh]
+    return [check_counts, check_versions, check_fresh, recompute_check(decl)]
