@@ -50,6 +50,7 @@ def test_a_broadcast_declaration_gives_job_assets_sensor_and_checks():
         "counts_reconcile",
         "broadcast_versions_accepted",
         "events_fresh",
+        "output_sample_recomputed",
     }
 
 

@@ -169,7 +169,7 @@ def test_fraud_job_over_three_rules_versions_matches_the_reference(spark, lake):
             ] == [m["outputs"], m["side_review"], m["rejected"]]
             checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
             assert checks == {"counts_reconcile": True, "broadcast_versions_accepted": True,
-                              "events_fresh": True}
+                              "events_fresh": True, "output_sample_recomputed": True}
             # caught up: nothing new
             assert "no new Delta versions" in skip_message(tick(instance, cursor))
 
@@ -276,6 +276,7 @@ def test_definitions_hold_the_fraud_pipeline():
         (FRAUD_ALERTS, "counts_reconcile"),
         (FRAUD_ALERTS, "broadcast_versions_accepted"),
         (FRAUD_ALERTS, "events_fresh"),
+        (FRAUD_ALERTS, "output_sample_recomputed"),
     } <= checks
     # the hand-wired pipeline is unchanged
     assert defs.resolve_sensor_def("broadcast_versions_sensor").job_name == "enrichment_microbatch"
@@ -322,4 +323,5 @@ def test_graphql_lists_the_fraud_job_sensor_assets_and_checks():
         FRAUD_RULES,
     }
     checks = {c["name"] for c in nodes[FRAUD_ALERTS]["assetChecksOrError"]["checks"]}
-    assert checks == {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"}
+    assert checks == {"counts_reconcile", "broadcast_versions_accepted", "events_fresh",
+                      "output_sample_recomputed"}

@@ -227,7 +227,7 @@ def run_scoring(instance: DagsterInstance, cursor: str | None,
     assert set(meta) == {PREDICTIONS, SCORING_UNMATCHED, PREDICTIONS_REJECTED}
     checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
     assert checks == {"counts_reconcile": True, "broadcast_versions_accepted": True,
-                      "events_fresh": True}
+                      "events_fresh": True, "output_sample_recomputed": True}
     return meta, tick.cursor
 
 
@@ -324,7 +324,7 @@ def test_definitions_hold_the_models_asset_and_the_scoring_pipeline():
                        MODELS: {USER_FEATURES, USER_SEGMENTS}}
     checks = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
     assert {(PREDICTIONS, "counts_reconcile"), (PREDICTIONS, "broadcast_versions_accepted"),
-            (PREDICTIONS, "events_fresh")} <= checks
+            (PREDICTIONS, "events_fresh"), (PREDICTIONS, "output_sample_recomputed")} <= checks
     # the other factory pipeline is still there
     assert defs.resolve_sensor_def("fraud_sensor").job_name == "fraud_microbatch"
 
