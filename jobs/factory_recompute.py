@@ -191,11 +191,13 @@ def conform(rows: list[Row], function: Any, events: pa.Schema, versions: Mapping
     return pa.Table.from_arrays(columns, names=target.names).to_pylist()
 
 
-def _split(t: pa.Table) -> dict[str, pa.Table]:
-    """Rows of ``t`` per row key (the key column dropped)."""
-    keys = t.column(ROW_KEY).to_pylist()
-    body = t.drop_columns([ROW_KEY])
-    return {k: body.take([i for i, x in enumerate(keys) if x == k]) for k in dict.fromkeys(keys)}
+def _by(t: pa.Table, column: str) -> dict[Any, pa.Table]:
+    """Rows of ``t`` per value of ``column`` (the column dropped), in first-seen order."""
+    import pyarrow.compute as pc
+
+    body = t.drop_columns([column])
+    return {v: body.filter(pc.equal(t.column(column), v))
+            for v in dict.fromkeys(t.column(column).to_pylist())}
 
 
 def broadcast_expected(spark: SparkSession, decl: PipelineDeclaration,
@@ -220,7 +222,7 @@ def broadcast_expected(spark: SparkSession, decl: PipelineDeclaration,
                                  table_schemas=table_schemas(elements),
                                  timestamp_column=decl.timestamp_column)
         h.process_broadcast_elements(elements)
-        for k, rows in _split(arrow).items():
+        for k, rows in _by(arrow, ROW_KEY).items():
             got = h.process_batch(rows)
             out[(plan.batch_id, k)] = conform(got, function, rows.schema,
                                               plan.broadcast_versions, target)
@@ -231,6 +233,54 @@ def _sort_value(v: Any) -> tuple[bool, Any]:
     return (v is not None, v)
 
 
+#: batches whose inputs one Spark job reads (a union) in a keyed replay
+CHUNK = 25
+
+
+def keyed_inputs(pipeline: MicroBatchPipeline, batches: Done, keys: list[str],
+                 key: Sequence[str], tcol: str | None
+                 ) -> tuple[dict[int, dict[str, pa.Table]], dict[int, int | None], pa.Schema]:
+    """Per batch: its valid events of the sampled keys (per row key) and the largest event
+    time of ALL its valid events (the watermark's input); and the events' Arrow schema.
+    Read :data:`CHUNK` batches per Spark job."""
+    from pyspark.sql import functions as F
+
+    rows: dict[int, dict[str, pa.Table]] = {}
+    tops: dict[int, int | None] = {}
+    schema: pa.Schema | None = None
+    frames: list[DataFrame] = []
+    aggs: list[DataFrame] = []
+
+    def flush() -> None:
+        nonlocal schema
+        t = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames).toArrow()
+        schema = t.drop_columns([BATCH, ROW_KEY]).schema
+        rows.update({b: _by(part, ROW_KEY) for b, part in _by(t, BATCH).items()})
+        if aggs:
+            tops.update({r[0]: r[1] for r in reduce(lambda a, b: a.union(b), aggs).collect()})
+        frames.clear()
+        aggs.clear()
+
+    prev: BatchCommit | None = None
+    for plan, commit in batches:
+        valid, _ = batch_input(pipeline, plan, prev)
+        prev = commit
+        frames.append(valid.withColumn(ROW_KEY, key_json(key)).where(F.col(ROW_KEY).isin(keys))
+                      .withColumn(BATCH, F.lit(plan.batch_id)))
+        if tcol is not None:
+            ts = F.col(tcol)
+            if dict(valid.dtypes)[tcol].startswith("timestamp"):
+                ts = F.unix_millis(ts)
+            aggs.append(valid.agg(F.max(ts).cast("long").alias("top"))
+                        .select(F.lit(plan.batch_id).alias("b"), "top"))
+        if len(frames) == CHUNK:
+            flush()
+    if frames:
+        flush()
+    assert schema is not None
+    return rows, tops, schema
+
+
 def keyed_expected(spark: SparkSession, decl: PipelineDeclaration,
                    pipeline: MicroBatchPipeline, done: Done, chosen: Done,
                    keys: list[str], key: Sequence[str], target: pa.Schema
@@ -238,8 +288,6 @@ def keyed_expected(spark: SparkSession, decl: PipelineDeclaration,
     """Recomputed rows per (batch, row key) of a keyed function: every sampled key's
     events replayed from the first batch (see the module docstring); and what each
     replayed batch used (processing time, watermark, versions)."""
-    from pyspark.sql import functions as F
-
     tables = {t: pipeline.table_path(t) for t in decl.broadcast_tables}
     function = decl.function()
     h = KeyedBroadcastTestHarness(function, tables=sorted(tables),
@@ -247,27 +295,15 @@ def keyed_expected(spark: SparkSession, decl: PipelineDeclaration,
     delay = int(getattr(pipeline.runtime, "watermark_delay_ms", 0) or 0)
     tcol, order = decl.timestamp_column, list(decl.order_columns)
     wanted = {p.batch_id for p, _ in chosen}
-    last = max(wanted)
+    replayed = [(p, c) for p, c in done if p.batch_id <= max(wanted)]
+    inputs, tops, schema = keyed_inputs(pipeline, replayed, keys, key, tcol)
     applied: dict[str, int] = {}
     schemas: dict[str, pa.Schema] = {}
     watermark: int | None = None
     owner = {tuple(json.loads(k).get(c) for c in key): k for k in keys}
     out: dict[tuple[int, str], list[Row]] = {}
     used: dict[str, Any] = {}
-    prev: BatchCommit | None = None
-    for plan, commit in done:
-        if plan.batch_id > last:
-            break
-        valid, _ = batch_input(pipeline, plan, prev)
-        prev = commit
-        arrow = valid.withColumn(ROW_KEY, key_json(key)).where(
-            F.col(ROW_KEY).isin(keys)).toArrow()
-        top = None
-        if tcol is not None:
-            ts = F.col(tcol)
-            if dict(valid.dtypes)[tcol].startswith("timestamp"):
-                ts = F.unix_millis(ts)
-            top = valid.agg(F.max(ts)).collect()[0][0]
+    for plan, _ in replayed:
         target_versions = dict(plan.broadcast_versions)
         elements = (read_broadcast_elements(spark, tables, applied, target_versions)
                     if target_versions != applied else [])
@@ -277,11 +313,12 @@ def keyed_expected(spark: SparkSession, decl: PipelineDeclaration,
         applied = target_versions
         h.executor.processing_time = plan.planned_at_ms  # the runtime's clock for the batch
         got = h.process_broadcast_elements(elements)
-        events = _split(arrow) if arrow.num_rows else {}
+        events = inputs.get(plan.batch_id, {})
         for k in sorted(events):
             rows = sorted(events[k].to_pylist(), key=lambda r: tuple(
                 _sort_value(r.get(c)) for c in ([tcol] if tcol else []) + order))
             got += h.process_elements(rows)
+        top = tops.get(plan.batch_id)
         if top is not None:
             batch_wm = int(top) - delay
             watermark = batch_wm if watermark is None else max(watermark, batch_wm)
@@ -292,8 +329,6 @@ def keyed_expected(spark: SparkSession, decl: PipelineDeclaration,
             continue
         used[str(plan.batch_id)] = {"processing_time": plan.planned_at_ms,
                                     "watermark": watermark, "versions": target_versions}
-        schema = (next(iter(events.values())).schema if events
-                  else valid.limit(0).toArrow().schema)
         for row in conform(got, function, schema, target_versions, target):
             k = owner.get(tuple(row.get(c) for c in key))
             if k is not None:
