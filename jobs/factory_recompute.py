@@ -7,7 +7,8 @@ compared column by column with the rows the batch wrote and the rows the table h
 1. **sample**: the rows the newest :data:`RECOMPUTE_BATCHES` committed batches (that wrote
    main output) appended to the output table (the files of the commit carrying the
    batch's ``txn``, read by time travel), ordered by a hash of ``seed`` and the row, the
-   first ``decl.recompute_sample``; their *row keys* are what is recomputed. A broadcast
+   first ``decl.recompute_sample``; their *row keys* are what is recomputed. A batch whose
+   files VACUUM removed (after an OPTIMIZE) is skipped for an older one. A broadcast
    function's row key is the columns the output shares (name and type) with the events
    (an event's own columns); a keyed function's, its key columns;
 2. **recompute**, broadcast functions: per sampled batch, its valid events (as the batch
@@ -35,6 +36,7 @@ never per batch.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,40 +125,54 @@ def row_key_columns(decl: PipelineDeclaration, function: Any, output: DataFrame,
 
 
 def batch_commit_files(path: str, app_id: str, batch_id: int, before: int, end: int,
-                       spark: SparkSession) -> tuple[int, list[str]]:
+                       spark: SparkSession) -> tuple[int, list[str], bool]:
     """The version in ``(before, end]`` whose commit carries the batch's ``txn``
-    (``app_id``, ``batch_id``) and the file names it added."""
+    (``app_id``, ``batch_id``), the file names it added, and whether they all still exist
+    (a local table: VACUUM may have removed them after an OPTIMIZE)."""
     for version in range(before + 1, end + 1):
         actions = delta_io.commit_actions(path, version, spark)
         if any(a.get("txn", {}).get("appId") == app_id
                and int(a["txn"]["version"]) == batch_id for a in actions if "txn" in a):
-            names = [unquote(a["add"]["path"].rsplit("/", 1)[-1]) for a in actions
+            added = [unquote(a["add"]["path"]) for a in actions
                      if "add" in a and a["add"].get("dataChange", True)]
-            return version, names
+            there = "://" in path or all(os.path.exists(os.path.join(path, f)) for f in added)
+            return version, [f.rsplit("/", 1)[-1] for f in added], there
     raise delta_io.DeltaIOError(
         f"{path}: no commit in versions {before + 1}..{end} carries txn {app_id}/{batch_id} "
         f"(the batch's write); was the table rewritten? Rewind or reset the pipeline")
 
 
 def written_rows(spark: SparkSession, decl: PipelineDeclaration, settings: Settings,
-                 done: Done, chosen: Done, key: Sequence[str]) -> DataFrame:
-    """The main output rows each batch of ``chosen`` wrote (time travel to its commit,
-    the files it added), with the batch id and the row key."""
+                 done: Done, batches: int, key: Sequence[str]
+                 ) -> tuple[DataFrame | None, Done, list[int]]:
+    """The main output rows the newest ``batches`` batches that wrote main output wrote
+    (time travel to the batch's commit, the files it added), with the batch id and the row
+    key; those batches (oldest first); and the newer batches skipped because their files
+    are gone. At most ``3 * batches`` batches are looked at."""
     from pyspark.sql import functions as F
 
     table, path = decl.output_table, settings.table_path(decl.output_table)
-    ids = [p.batch_id for p, _ in done]
-    frames = []
-    for plan, commit in chosen:
-        i = ids.index(plan.batch_id)
-        before = done[i - 1][1].output_versions.get(table, -1) if i else -1
-        version, names = batch_commit_files(path, f"{decl.name}:main", plan.batch_id, before,
-                                            commit.output_versions.get(table, -1), spark)
+    before_of = {p.batch_id: done[i - 1][1].output_versions.get(table, -1) if i else -1
+                 for i, (p, _) in enumerate(done)}
+    wrote = [(p, c) for p, c in done if int(c.counts.get("enriched", 0)) > 0]
+    frames, chosen, skipped = [], [], []
+    for plan, commit in reversed(wrote[-3 * batches:]):
+        version, names, there = batch_commit_files(
+            path, f"{decl.name}:main", plan.batch_id, before_of[plan.batch_id],
+            commit.output_versions.get(table, -1), spark)
+        if not there:
+            skipped.append(plan.batch_id)
+            continue
         frames.append(delta_io.read(spark, path, version=version)
                       .where(F.col("_metadata.file_name").isin(names))
                       .withColumn(BATCH, F.lit(plan.batch_id)))
+        chosen.insert(0, (plan, commit))
+        if len(chosen) == batches:
+            break
+    if not frames:
+        return None, [], skipped
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
-    return union.withColumn(ROW_KEY, key_json(key))
+    return union.withColumn(ROW_KEY, key_json(key)), chosen, skipped
 
 
 def table_schemas(elements: Sequence[BroadcastElement]) -> dict[str, pa.Schema]:
@@ -362,8 +378,7 @@ def recompute_sample(decl: PipelineDeclaration, spark: SparkSession, settings: S
     if not done:
         return Recomputation(True, f"{decl.name} has no committed batch yet: nothing to "
                              f"recompute in {table}", meta)
-    chosen = [(p, c) for p, c in done if int(c.counts.get("enriched", 0)) > 0][-batches:]
-    if not chosen or bound <= 0:
+    if not any(int(c.counts.get("enriched", 0)) for _, c in done) or bound <= 0:
         return Recomputation(True, f"no committed batch of {decl.name} wrote rows to {table}: "
                              "nothing to recompute", meta)
     function = decl.function()
@@ -372,7 +387,13 @@ def recompute_sample(decl: PipelineDeclaration, spark: SparkSession, settings: S
     key, why = row_key_columns(decl, function, current, events)
     if why is not None:
         return Recomputation(False, why, meta, AssetCheckSeverity.WARN)
-    written = written_rows(spark, decl, settings, done, chosen, key)
+    written, chosen, skipped = written_rows(spark, decl, settings, done, batches, key)
+    meta["batches_skipped"] = MetadataValue.json(skipped)
+    if written is None:
+        return Recomputation(False, f"cannot read the rows the newest batches {skipped} of "
+                             f"{decl.name} wrote to {table}: their files are gone (VACUUM "
+                             "after OPTIMIZE); run the check after the next batch",
+                             meta, AssetCheckSeverity.WARN)
     body = [c for c in written.columns if c not in (ROW_KEY, BATCH)]
     sampled = (written.orderBy(F.xxhash64(F.lit(seed), F.to_json(F.struct(*body))), BATCH)
                .limit(bound).select(ROW_KEY).toArrow())
