@@ -24,6 +24,7 @@ from jobs.factory_recompute import recompute_sample
 from jobs.fraud import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
 from jobs.fraud_tables import append_transactions, write_rules
 from jobs.model_training import MODELS_SCHEMA, SCORING_EVENTS_SCHEMA
+from jobs.recompute_rows import compare_current, compare_group
 from jobs.scoring import FEATURES, MODELS, PREDICTIONS, SCORING, SCORING_EVENTS
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
@@ -177,3 +178,23 @@ def test_fraud_keys_replayed_from_the_first_batch_then_a_changed_alert_fails(spa
     assert (mismatch.expected, mismatch.actual) == (target["amount"], target["amount"] + 1)
     assert (f"{FRAUD_ALERTS} batch {batch} row user_id={target['user_id']!r}: column amount"
             in bad.description), bad.description
+
+
+def test_rows_match_exactly_first_then_by_the_nearest_row():
+    """The comparison alone (plain Python): an identical row is never displaced by a near
+    one; a changed row is reported column by column; a row only one side has, as such."""
+    cols = ["k", "x", "y"]
+    expected = [{"k": 1, "x": 1.0, "y": "a"}, {"k": 1, "x": float("nan"), "y": "b"}]
+    current = [{"k": 1, "x": float("nan"), "y": "c"}, {"k": 1, "x": 1.0, "y": "a"},
+               {"k": 1, "x": 9.0, "y": "z"}]  # the last one: another batch's row
+    matched, bad = compare_current("t", "k=1", [(4, r) for r in expected], current, cols)
+    assert matched == 1
+    assert [(m.batch_id, m.column, m.expected, m.actual, m.actual_of) for m in bad] == [
+        (4, "y", "b", "c", "current")]
+    assert bad[0].describe() == "t batch 4 row k=1: column y is 'c' (current) but recomputes to 'b'"
+    matched, bad = compare_group("t", 2, "k=1", expected[:1], [*expected[:1], current[2]], cols)
+    assert matched == 1 and [(m.column, m.expected, m.actual) for m in bad] == [
+        (None, None, current[2])]
+    assert "wrote a row the recomputation does not produce" in bad[0].describe()
+    matched, bad = compare_group("t", 2, "k=1", expected, [], cols)
+    assert matched == 0 and [(m.column, m.actual) for m in bad] == [(None, None)] * 2
