@@ -1,4 +1,6 @@
-"""One Dagster materialization per committed micro-batch, for each output asset.
+"""The enrichment's own metadata of a committed micro-batch, for each output asset (the
+enrichment declaration's ``metadata`` and ``recovered_metadata`` hooks,
+:mod:`jobs.microbatch`; the factory adds its generic keys, :mod:`jobs.factory_metadata`).
 
 Both enrichment jobs record every batch they commit as a materialization of
 ``enriched_events``, ``enrichment_unmatched`` and ``enrichment_rejected`` while the
@@ -25,13 +27,13 @@ killed after N batches still shows those N):
 
 A batch committed by a run that died before recording it (``kill -9`` between the
 commit and the event) is recorded by the next run, from the progress log, with
-``recovered = true``: :func:`record_missed`.
+``recovered = true``: :func:`recovered_metadata`.
 """
 
 from collections.abc import Mapping
 from typing import Any
 
-from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
+from dagster import MetadataValue
 
 from jobs.broadcast_age import broadcast_age
 from jobs.enrichment_pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
@@ -40,7 +42,7 @@ from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.held import HELD_COUNTS
 from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, BatchResult
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
+from lakecast.pipeline.progress import BatchCommit, BatchPlan
 
 
 def _commit_seconds(path: str, version: int) -> float | None:
@@ -118,40 +120,9 @@ def result_metadata(settings: Settings, result: BatchResult) -> dict[str, dict[s
     return batch_metadata(settings, result.plan, result.counts, result.output_versions, extra)
 
 
-def record_batch(context: OpExecutionContext, settings: Settings, result: BatchResult) -> None:
-    """Log one materialization per output asset for ``result`` (while the run goes on)."""
-    for asset, meta in result_metadata(settings, result).items():
-        context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
-
-
-def last_recorded_batch(context: OpExecutionContext) -> int | None:
-    """The ``batch_id`` of the newest materialization of the main output (``None``: none,
-    or one from before batches were recorded one by one)."""
-    event = context.instance.get_latest_materialization_event(AssetKey(ENRICHED_EVENTS))
-    mat = event.asset_materialization if event is not None else None
-    value = mat.metadata.get("batch_id") if mat is not None else None
-    return int(value.value) if value is not None else None
-
-
-def record_missed(context: OpExecutionContext, settings: Settings) -> int:
-    """Record the committed batches newer than the last recorded one (a run killed after
-    its commit and before its event); returns how many were recorded."""
-    last = last_recorded_batch(context)
-    if last is None:
-        return 0
-    try:
-        plans, commits = read_log(progress_path(settings.checkpoint_root, ENRICHMENT.name))
-    except delta_io.DirectReadUnsupported:
-        return 0
-    by_id = {p.batch_id: p for p in plans if not p.is_restore}
-    missed: list[tuple[BatchPlan, BatchCommit]] = [
-        (by_id[i], commits[i]) for i in sorted(commits) if i > last and i in by_id]
-    for plan, commit in missed:
-        metas = batch_metadata(settings, plan, commit.counts, commit.output_versions,
-                               {"recovered": True})
-        for asset, meta in metas.items():
-            context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
-    if missed:
-        context.log.info(f"recorded {len(missed)} committed batch(es) that an earlier run "
-                         f"did not record: {[p.batch_id for p, _ in missed]}")
-    return len(missed)
+def recovered_metadata(settings: Settings, plan: BatchPlan, commit: BatchCommit
+                       ) -> dict[str, dict[str, Any]]:
+    """:func:`batch_metadata` of a batch committed by a run that did not record it, with
+    ``recovered = true`` (:func:`jobs.factory_metadata.record_missed` records it)."""
+    return batch_metadata(settings, plan, commit.counts, commit.output_versions,
+                          {"recovered": True})

@@ -4,7 +4,8 @@ For freshness, where ``enrichment_microbatch`` (a run per sensor tick) is too sl
 run keeps one warm Spark session — its tasks' broadcast state stays warm — watches the
 Delta logs of the events and broadcast tables without Spark (a directory listing every
 ``poll_seconds``) and starts a batch as soon as a new version commits. Each committed
-batch is one materialization of the three output assets (:mod:`jobs.batch_metadata`).
+batch is one materialization of the three output assets, with the same metadata as the
+factory-built ``enrichment_microbatch`` (:mod:`jobs.factory_metadata`, :mod:`jobs.batch_metadata`).
 
 It stops between two batches when the run is terminated from the UI: Dagster's interrupt
 (SIGINT/SIGTERM to the run worker) is held while a batch runs, so the batch in progress
@@ -36,7 +37,6 @@ from dagster import (
 from pydantic import Field
 
 from assets.resources import LakecastSparkResource, LakeResource
-from jobs.batch_metadata import record_batch, record_missed
 from jobs.enrichment_pipeline import (
     DEFAULT_CHECKPOINT_EVERY,
     ENRICHMENT,
@@ -44,7 +44,8 @@ from jobs.enrichment_pipeline import (
     pipeline_versions,
     summarize,
 )
-from jobs.microbatch import log_batch
+from jobs.factory_metadata import log_batch, record_batch, record_missed
+from jobs.microbatch import ENRICHMENT_DECLARATION
 from jobs.runs import CONTINUOUS_JOB, QUIET_RUN_LOGS, refuse_second_writer
 from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.spark import is_connect
@@ -105,7 +106,7 @@ def enrichment_continuous_loop(
 ) -> Output[dict]:
     refuse_second_writer(context.instance, context.run_id, CONTINUOUS_JOB)
     settings = lake.settings()
-    record_missed(context, settings)
+    record_missed(context, ENRICHMENT_DECLARATION, settings)
     spark = pyspark.session_for(ENRICHMENT.name)
     pipeline = build_pipeline(spark, settings, checkpoint_every=config.checkpoint_every)
     results: list[BatchResult] = []
@@ -137,7 +138,7 @@ def enrichment_continuous_loop(
                 if not done:  # nothing to do at these versions (e.g. broadcast-only change)
                     seen = versions
                     continue
-                record_batch(context, settings, done[0])
+                record_batch(context, ENRICHMENT_DECLARATION, settings, done[0])
                 results += done
         except BaseException:
             if is_connect(spark):  # do not leave the batch's jobs running on the server

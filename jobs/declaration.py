@@ -1,6 +1,8 @@
 """A pipeline's declaration (no Dagster): its function, tables, parallelism and checkpoint
-policy, and how the engine pipeline is built from it (:mod:`lakecast.build`). The Dagster
-definitions come from :func:`jobs.factory.declare_pipeline`."""
+policy, how the engine pipeline is built from it (:mod:`lakecast.build`, or the
+declaration's own ``builder``), and the optional hooks the factory calls (names, writers,
+run config, metadata, sensor events). The Dagster definitions come from
+:func:`jobs.factory.declare_pipeline`."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,12 +15,29 @@ from lakecast.config import Settings
 from lakecast.pipeline.batch_result import BatchResult
 from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
+from lakecast.pipeline.progress import BatchCommit, BatchPlan
 
-__all__ = ["CheckpointPolicy", "MetadataHook", "PipelineDeclaration"]
+__all__ = [
+    "Builder", "CheckpointPolicy", "MetadataHook", "PipelineDeclaration", "RecoveredHook",
+    "RunMetadataHook", "SensorEventsHook",
+]  # fmt: skip
 
 #: ``hook(settings, result)`` -> extra metadata of one committed batch per output table
 #: (``{table: {key: value}}``), added to that table's materialization
 MetadataHook = Callable[[Settings, BatchResult], Mapping[str, Mapping[str, Any]]]
+#: ``hook(settings, plan, commit)`` -> metadata per output table of a batch committed by a
+#: run that died before recording it (recorded by the next run)
+RecoveredHook = Callable[[Settings, BatchPlan, BatchCommit], Mapping[str, Mapping[str, Any]]]
+#: ``hook(results)`` -> extra metadata of a run's last materializations (run totals)
+RunMetadataHook = Callable[[list[BatchResult]], Mapping[str, Any]]
+#: ``builder(spark, settings, parallelism=, max_versions_per_batch=, **run_options)`` ->
+#: the engine pipeline (``run_options``: the run config's fields beyond the factory's own)
+Builder = Callable[..., MicroBatchPipeline]
+#: ``hook(context, previous, versions, settings)`` -> asset events (e.g. observations) a
+#: sensor tick records, run or not (``previous``: the cursor's versions, ``None`` if unusable)
+SensorEventsHook = Callable[
+    [Any, Mapping[str, int | None] | None, Mapping[str, int | None], Settings], list[Any]
+]
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,21 @@ class PipelineDeclaration:
     output name -> table. ``validator`` adds ``_reason`` to invalid events (they go to
     ``rejected_table``). ``descriptions``: table -> asset description. ``metadata``: an
     optional :data:`MetadataHook` whose entries join each batch's materializations.
+
+    Optional hooks, for pipelines with a history of their own (the storefront enrichment,
+    :mod:`jobs.microbatch`): ``sensor`` names the sensor (default ``<name>_sensor``);
+    ``maintenance_job`` names an existing job that maintains the tables (the factory then
+    declares none); ``writer_jobs`` are other jobs that write the tables (a run refuses to
+    start and the sensor waits while one is active); ``broadcast_only_runs=False``: a new
+    broadcast version alone is no work for the sensor (it applies with the next events);
+    ``deps``: output table -> the assets it depends on (default: events and broadcast
+    tables); ``builder`` builds the engine pipeline instead of :meth:`build`'s default;
+    ``run_config``: a subclass of :class:`jobs.factory.PipelineRunConfig` whose extra fields
+    go to ``builder``; ``run_metadata`` adds entries to a run's last materializations;
+    ``recovered_metadata``: batches committed but not recorded by a killed run are recorded
+    by the next one, with this metadata; ``state_budget``: the ``state_budget`` check and
+    per-batch budget figures (broadcast state x parallelism); ``sensor_events``: asset
+    events each sensor tick records.
     """
 
     name: str
@@ -67,6 +101,19 @@ class PipelineDeclaration:
     #: rows of the main output the ``output_sample_recomputed`` check recomputes at most
     recompute_sample: int = 200
     metadata: MetadataHook | None = None
+    sensor: str | None = None
+    sensor_description: str | None = None
+    maintenance_job: str | None = None
+    writer_jobs: tuple[str, ...] = ()
+    broadcast_only_runs: bool = True
+    deps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    builder: Builder | None = None
+    #: a subclass of ``jobs.factory.PipelineRunConfig`` (a Dagster ``Config``)
+    run_config: Any = None
+    run_metadata: RunMetadataHook | None = None
+    recovered_metadata: RecoveredHook | None = None
+    state_budget: bool = False
+    sensor_events: SensorEventsHook | None = None
 
     @property
     def keyed(self) -> bool:
@@ -78,11 +125,17 @@ class PipelineDeclaration:
 
     @property
     def maintenance_job_name(self) -> str:
-        return f"{self.name}_maintenance_job"
+        return self.maintenance_job or f"{self.name}_maintenance_job"
 
     @property
     def sensor_name(self) -> str:
-        return f"{self.name}_sensor"
+        return self.sensor or f"{self.name}_sensor"
+
+    @property
+    def writers(self) -> tuple[str, ...]:
+        """Every job that writes the pipeline's tables: its own, ``writer_jobs``, then the
+        maintenance job."""
+        return (self.job_name, *self.writer_jobs, self.maintenance_job_name)
 
     @property
     def group(self) -> str:
@@ -117,8 +170,16 @@ class PipelineDeclaration:
         *,
         parallelism: int | None = None,
         max_versions_per_batch: int | None = None,
+        **run_options: Any,
     ) -> MicroBatchPipeline:
-        """The engine pipeline over the lake of ``settings`` (:mod:`lakecast.build`)."""
+        """The engine pipeline over the lake of ``settings`` (:mod:`lakecast.build`, or the
+        declaration's ``builder``, which alone takes ``run_options``)."""
+        if self.builder is not None:
+            return self.builder(spark, settings, parallelism=parallelism,
+                                max_versions_per_batch=max_versions_per_batch, **run_options)
+        if run_options:
+            raise ValueError(f"{self.name}: run options {sorted(run_options)} need a "
+                             "builder in the pipeline's declaration (PipelineDeclaration.builder)")
         function = self.function()
         common: dict[str, Any] = dict(
             table_path=settings.table_path, checkpoint_root=settings.checkpoint_root,

@@ -17,16 +17,10 @@ from jobs.continuous import enrichment_continuous
 from jobs.fraud import FRAUD_PIPELINE
 from jobs.fraud_tables import fraud_rules, transactions
 from jobs.maintenance import INTERNAL_TABLE_SPECS, lake_maintenance, lake_maintenance_job
-from jobs.microbatch import (
-    broadcast_versions_accepted,
-    enrichment_microbatch,
-    enrichment_microbatch_assets,
-)
+from jobs.microbatch import ENRICHMENT_PIPELINE
 from jobs.model_training import SCORING_EVENTS_SPEC, models
 from jobs.runs import QUIET_RUN_LOGS
 from jobs.scoring import SCORING_PIPELINE
-from jobs.sensors import broadcast_versions_sensor
-from jobs.state_budget import state_budget
 from lakecast.tables import DIM_PRODUCTS, DIM_USERS, USER_FEATURES, USER_SEGMENTS
 
 dimension_refresh_job = define_asset_job(
@@ -57,24 +51,25 @@ daily_segment_refresh = build_schedule_from_partitioned_job(
     description="Every day at 01:00 UTC, segment users for the day that just ended.",
 )
 
-#: pipelines declared through the factory (jobs/factory.py): job, assets, sensor, checks each
-FACTORY_PIPELINES = (FRAUD_PIPELINE, SCORING_PIPELINE)
+#: pipelines declared through the factory (jobs/factory.py): job, assets, sensor, checks each;
+#: the enrichment's maintenance is lake_maintenance_job (its declaration names it)
+FACTORY_PIPELINES = (ENRICHMENT_PIPELINE, FRAUD_PIPELINE, SCORING_PIPELINE)
+FACTORY_MAINTENANCE = [p.maintenance for p in FACTORY_PIPELINES if p.maintenance is not None]
 
 # Steps run in the run's process: they share its one Spark session (lakecast.spark.get_spark)
 # instead of starting a JVM per step, as the default multiprocess executor would.
 defs = Definitions(
     executor=in_process_executor,
-    assets=[*BATCH_ASSETS, events, enrichment_microbatch_assets, *INTERNAL_TABLE_SPECS,
-            *(p.assets for p in FACTORY_PIPELINES), fraud_rules, transactions, models,
-            SCORING_EVENTS_SPEC, *(s for p in FACTORY_PIPELINES for s in p.maintenance.specs)],
-    asset_checks=[*BATCH_CHECKS, broadcast_versions_accepted, state_budget,
-                  *(c for p in FACTORY_PIPELINES for c in p.checks)],
-    jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_microbatch,
-          enrichment_continuous, lake_maintenance_job, *(p.job for p in FACTORY_PIPELINES),
-          *(p.maintenance.job for p in FACTORY_PIPELINES)],
+    assets=[*BATCH_ASSETS, events, *INTERNAL_TABLE_SPECS, *(p.assets for p in FACTORY_PIPELINES),
+            fraud_rules, transactions, models, SCORING_EVENTS_SPEC,
+            *(s for m in FACTORY_MAINTENANCE for s in m.specs)],
+    asset_checks=[*BATCH_CHECKS, *(c for p in FACTORY_PIPELINES for c in p.checks)],
+    jobs=[dimension_refresh_job, daily_segment_refresh_job, enrichment_continuous,
+          lake_maintenance_job, *(p.job for p in FACTORY_PIPELINES),
+          *(m.job for m in FACTORY_MAINTENANCE)],
     schedules=[daily_segment_refresh, lake_maintenance,
-               *(p.maintenance.schedule for p in FACTORY_PIPELINES)],
-    sensors=[broadcast_versions_sensor, *(p.sensor for p in FACTORY_PIPELINES)],
+               *(m.schedule for m in FACTORY_MAINTENANCE)],
+    sensors=[p.sensor for p in FACTORY_PIPELINES],
     resources={
         "pyspark": LakecastSparkResource(),
         "lake": LakeResource(),

@@ -9,17 +9,21 @@ and the checkpoint policy. :func:`declare_pipeline` turns it into:
   processes the table versions it was requested for (run tag ``lakecast/versions``) and
   ends; every committed batch becomes a materialization of each output with plottable
   numbers (:mod:`jobs.factory_metadata`);
-* ``<name>_sensor``: requests a run when the events or a broadcast table has a new Delta
-  version (:mod:`jobs.factory_sensor`);
-* asset checks ``counts_reconcile`` and ``broadcast_versions_accepted``
-  (:mod:`jobs.factory_checks`);
+* ``<name>_sensor`` (or the declaration's ``sensor`` name): requests a run when the events
+  or a broadcast table has a new Delta version (:mod:`jobs.factory_sensor`);
+* asset checks ``counts_reconcile``, ``broadcast_versions_accepted``, ``events_fresh`` and,
+  with ``state_budget=True``, ``state_budget`` (:mod:`jobs.factory_checks`);
 * ``<name>_maintenance_job`` and its schedule ``<name>_maintenance``: OPTIMIZE, VACUUM and
-  log checkpoints of the pipeline's tables (:mod:`jobs.factory_maintenance`).
+  log checkpoints of the pipeline's tables (:mod:`jobs.factory_maintenance`), unless the
+  declaration names an existing ``maintenance_job``.
 
-The engine part is :meth:`PipelineDeclaration.build` (:mod:`lakecast.build`); the
-enrichment job (:mod:`jobs.microbatch`) is still wired by hand.
+The engine part is :meth:`PipelineDeclaration.build` (:mod:`lakecast.build`, or the
+declaration's ``builder``). All three pipelines of ``jobs/definitions.py`` are declared
+here: the storefront enrichment (:mod:`jobs.microbatch`, with its hooks: run config,
+writers, sensor name and events observation, metadata, state budget), fraud and scoring.
 """
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +31,6 @@ from typing import Any
 from dagster import (
     AssetChecksDefinition,
     AssetExecutionContext,
-    AssetMaterialization,
     AssetsDefinition,
     AssetSpec,
     Config,
@@ -45,9 +48,17 @@ from jobs.declaration import CheckpointPolicy, PipelineDeclaration
 from jobs.enrichment_pipeline import EXCLUSIVE_TAG
 from jobs.factory_checks import pipeline_checks
 from jobs.factory_maintenance import MaintenanceDefinitions, declare_maintenance
-from jobs.factory_metadata import batch_metadata, requested_versions
+from jobs.factory_metadata import (
+    batch_metadata,
+    log_batch,
+    record_batch,
+    record_missed,
+    requested_versions,
+)
 from jobs.factory_sensor import pipeline_sensor
-from jobs.runs import QUIET_RUN_LOGS, RUNNING, active_runs
+from jobs.runs import QUIET_RUN_LOGS
+from jobs.runs import refuse_second_writer as refuse_writers
+from jobs.state_budget import reported_by_check
 from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline
 from lakecast.pipeline.progress import BatchPlan, bounded_versions
@@ -59,7 +70,9 @@ __all__ = [
 
 
 class PipelineRunConfig(Config):
-    """Bounds of one run of a factory-built job (a batch is never cut short)."""
+    """Bounds of one run of a factory-built job (a batch is never cut short). A
+    declaration's ``run_config`` subclasses it; its extra fields go to the declaration's
+    ``builder``."""
 
     max_batches: int | None = Field(default=None, description="Stop after this many batches.")
     max_seconds: float | None = Field(
@@ -76,6 +89,10 @@ class PipelineRunConfig(Config):
     )
 
 
+#: the fields of :class:`PipelineRunConfig` (the rest of a run config go to the builder)
+RUN_FIELDS = frozenset(PipelineRunConfig.model_fields)
+
+
 @dataclass(frozen=True)
 class PipelineDefinitions:
     """What :func:`declare_pipeline` produced; spread it into ``Definitions``."""
@@ -86,13 +103,15 @@ class PipelineDefinitions:
     job: Any
     sensor: SensorDefinition
     checks: list[AssetChecksDefinition]
-    #: ``<name>_maintenance_job``, its schedule and the internal tables' assets
-    maintenance: MaintenanceDefinitions
+    #: ``<name>_maintenance_job``, its schedule and the internal tables' assets (``None``:
+    #: the declaration names an existing ``maintenance_job``)
+    maintenance: MaintenanceDefinitions | None
 
 
 def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
-    """One spec per output table; each depends on the events and broadcast tables and
-    declares its columns when :data:`assets.columns.COLUMNS` lists the table."""
+    """One spec per output table; each depends on the events and broadcast tables (or on
+    the declaration's ``deps`` for it) and declares its columns when
+    :data:`assets.columns.COLUMNS` lists the table."""
     deps = [decl.events_table, *decl.broadcast_tables]
     specs = []
     for table, key in decl.outputs:
@@ -103,7 +122,8 @@ def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
         specs.append(
             AssetSpec(
                 table,
-                deps=[decl.events_table] if key == "rejected" else deps,
+                deps=list(decl.deps.get(table, [decl.events_table] if key == "rejected"
+                                        else deps)),
                 skippable=True,
                 group_name=decl.group,
                 kinds={"spark", "delta"},
@@ -116,18 +136,9 @@ def output_specs(decl: PipelineDeclaration) -> list[AssetSpec]:
 
 
 def refuse_second_writer(context: AssetExecutionContext, decl: PipelineDeclaration) -> None:
-    """Fail (nothing written) when another run of the job, or a maintenance run of the
-    pipeline, is writing."""
-    writers = (decl.job_name, decl.maintenance_job_name)
-    others = active_runs(context.instance, writers, RUNNING, exclude_run_id=context.run.run_id)
-    if others:
-        raise Failure(
-            description=(
-                f"{decl.job_name} refused: run {others[0].run_id} of {others[0].job_name} is "
-                "writing the pipeline's tables; one writer at a time. Wait for it to end or "
-                "terminate it."
-            )
-        )
+    """Fail (nothing written) when another run of the pipeline's writers (its job, its
+    ``writer_jobs``, its maintenance job) is writing."""
+    refuse_writers(context.instance, context.run.run_id, decl.job_name, decl.writers, decl.name)
 
 
 def check_new_broadcast_versions(
@@ -149,6 +160,11 @@ def check_new_broadcast_versions(
 
 def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
     """The multi-asset that runs the pipeline's micro-batches."""
+    config_class = decl.run_config or PipelineRunConfig
+    if not issubclass(config_class, PipelineRunConfig):
+        raise TypeError(f"{decl.name}: run_config {config_class.__name__} must subclass "
+                        "jobs.factory.PipelineRunConfig")
+    quiet = reported_by_check if decl.state_budget else contextlib.nullcontext
 
     @multi_asset(
         specs=output_specs(decl),
@@ -158,12 +174,17 @@ def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
     )
     def run_microbatches(
         context: AssetExecutionContext,
-        config: PipelineRunConfig,
+        config: config_class,  # type: ignore[valid-type]
         pyspark: LakecastSparkResource,
         lake: LakeResource,
     ) -> Iterator[MaterializeResult]:
+        """Run the micro-batches for the versions the run was requested for, then end.
+        Every committed batch is recorded as a materialization of the outputs as soon as the
+        next one starts; the last one is the step's result, with the run's totals."""
         refuse_second_writer(context, decl)
         settings = lake.settings()
+        record_missed(context, decl, settings)
+        options = {k: v for k, v in config.model_dump().items() if k not in RUN_FIELDS}
         try:
             until = None if config.follow else requested_versions(decl, context.run.tags, settings)
             pipeline = decl.build(
@@ -171,29 +192,26 @@ def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
                 settings,
                 parallelism=config.parallelism,
                 max_versions_per_batch=config.max_versions_per_batch,
+                **options,
             )
             held: list[BatchResult] = []
 
             def before_batch(plan: BatchPlan) -> None:
                 if held:  # the previous batch is committed: show it now
-                    for asset, meta in batch_metadata(decl, settings, held.pop()).items():
-                        context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
+                    record_batch(context, decl, settings, held.pop())
 
             def on_batch(r: BatchResult) -> None:
-                context.log.info(
-                    f"batch {r.plan.batch_id}: events versions "
-                    f"({r.plan.events_start}, {r.plan.events_end}] state "
-                    f"{r.state_version} counts {r.counts} in {r.seconds:.1f}s"
-                )
+                log_batch(context.log, r)
                 held.append(r)
 
-            results = pipeline.run(
-                max_batches=config.max_batches,
-                max_seconds=config.max_seconds,
-                until=until,
-                on_batch=on_batch,
-                before_batch=before_batch,
-            )
+            with quiet():
+                results = pipeline.run(
+                    max_batches=config.max_batches,
+                    max_seconds=config.max_seconds,
+                    until=until,
+                    on_batch=on_batch,
+                    before_batch=before_batch,
+                )
             if not results:
                 refused = check_new_broadcast_versions(pipeline, until)
                 for ref in refused:
@@ -208,9 +226,11 @@ def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
                 return
         except LakecastError as e:  # the reason as the step's failure, not a traceback
             raise Failure(description=str(e)) from e
+        run_meta = dict(decl.run_metadata(results)) if decl.run_metadata is not None else {}
         for asset, meta in batch_metadata(decl, settings, held.pop()).items():
             meta["run_batches"] = len(results)
             meta["run_events"] = sum(r.counts["events_in"] for r in results)
+            meta.update(run_meta)
             yield MaterializeResult(asset_key=asset, metadata=meta)
 
     return run_microbatches
@@ -226,5 +246,6 @@ def declare_pipeline(decl: PipelineDeclaration) -> PipelineDefinitions:
         config=QUIET_RUN_LOGS,
         description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
     )
+    maintenance = None if decl.maintenance_job else declare_maintenance(decl)
     return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), pipeline_checks(decl),
-                               declare_maintenance(decl))
+                               maintenance)

@@ -2,17 +2,23 @@
 Spark):
 
 * ``counts_reconcile`` (on the main output): every committed batch consumed what it read
-  (events in = processed + rejected); the events table holds as many rows up to the last
-  committed batch as the batches read; and each output table (main, side outputs,
-  rejected) holds exactly the rows its batches reported, at the versions the last batch
-  committed;
+  (events in + held events re-offered = processed + rejected); the events table holds as
+  many rows up to the last committed batch as the batches read; and each output table
+  (main, side outputs, rejected) holds exactly the rows its batches reported, at the
+  versions the last batch committed;
 * ``broadcast_versions_accepted`` (on the main output): the newest version of every
   broadcast table passes the function's table contracts;
 * ``events_fresh`` (on the main output): no events version committed more than the
   declaration's ``freshness_seconds`` ago is left unprocessed;
 * ``output_sample_recomputed`` (on the main output, with Spark): a sample of output rows
   recomputed from the events and the broadcast tables at their batches' versions
-  (:mod:`jobs.factory_recompute`).
+  (:mod:`jobs.factory_recompute`); not part of the job's runs (its cost grows with a
+  keyed pipeline's history): run it from the asset's Checks tab or a schedule;
+* ``state_budget`` (declarations with ``state_budget=True``): the newest batch's broadcast
+  state x parallelism is within its budget (WARN, :mod:`jobs.state_budget`).
+
+``broadcast_versions_accepted`` reads the broadcast tables' files directly; on a lake that
+cannot be read without Spark (an object store) it uses the run's Spark session.
 """
 
 import time
@@ -20,10 +26,11 @@ from typing import Any
 
 from dagster import AssetCheckResult, AssetChecksDefinition, MetadataValue, asset_check
 
-from assets.resources import LakeResource
+from assets.resources import LakecastSparkResource, LakeResource
 from jobs.declaration import PipelineDeclaration
 from jobs.factory_metadata import lag
 from jobs.factory_recompute import recompute_check
+from jobs.state_budget import state_budget_check
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
@@ -61,9 +68,11 @@ def counts_reconcile(
     problems = []
     for plan, commit in batches:
         c = commit.counts
-        if c.get("events_in", 0) != c.get("processed", 0) + c.get("rejected", 0):
+        offered = c.get("events_in", 0) + c.get("held_retried", 0)
+        if offered != c.get("processed", 0) + c.get("rejected", 0):
+            retried = f" + held_retried {c['held_retried']}" if "held_retried" in c else ""
             problems.append(
-                f"batch {plan.batch_id}: events_in {c.get('events_in')} != "
+                f"batch {plan.batch_id}: events_in {c.get('events_in')}{retried} != "
                 f"processed {c.get('processed')} + rejected {c.get('rejected')}"
             )
     total = {
@@ -98,12 +107,15 @@ def counts_reconcile(
 
 
 def newest_versions_refused(
-    decl: PipelineDeclaration, settings: Settings
+    decl: PipelineDeclaration, settings: Settings, spark: Any = None
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """The newest version of each broadcast table and those its contracts refuse."""
+    """The newest version of each broadcast table and those its contracts refuse (read
+    without Spark unless ``spark`` is given)."""
     tables = {t: settings.table_path(t) for t in decl.broadcast_tables}
-    gate = VersionGate(None, tables, decl.function().table_contracts())
-    newest = {t: v for t, p in tables.items() if (v := delta_io.latest_version(p)) is not None}
+    gate = VersionGate(spark, tables, decl.function().table_contracts())
+    newest = {
+        t: v for t, p in tables.items() if (v := delta_io.latest_version(p, spark)) is not None
+    }
     refused = [
         {"table": t, "version": v, "reasons": list(gate.reasons(t, v))}
         for t, v in sorted(newest.items())
@@ -158,8 +170,12 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
         description="The newest version of every broadcast table passes the "
         "function's table contracts.",
     )
-    def check_versions(lake: LakeResource) -> AssetCheckResult:
-        newest, refused = newest_versions_refused(decl, lake.settings())
+    def check_versions(pyspark: LakecastSparkResource, lake: LakeResource) -> AssetCheckResult:
+        settings = lake.settings()
+        try:
+            newest, refused = newest_versions_refused(decl, settings)
+        except delta_io.DirectReadUnsupported:  # e.g. an object-store lake: read with Spark
+            newest, refused = newest_versions_refused(decl, settings, pyspark.spark_session)
         return AssetCheckResult(
             passed=not refused,
             metadata={
@@ -179,4 +195,7 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
         passed, problem, meta = events_freshness(decl, lake.settings())
         return AssetCheckResult(passed=passed, metadata=meta, description=problem)
 
-    return [check_counts, check_versions, check_fresh, recompute_check(decl)]
+    checks = [check_counts, check_versions, check_fresh, recompute_check(decl)]
+    if decl.state_budget:
+        checks.append(state_budget_check(decl.output_table))
+    return checks

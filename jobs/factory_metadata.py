@@ -10,7 +10,13 @@ broadcast versions (``broadcast_age_seconds``, ``broadcast_stale_seconds``,
 ``broadcast_versions_behind``: :mod:`jobs.broadcast_age`), ``state_bytes_per_task`` and
 ``state_bytes_total`` (x ``parallelism``), plus ``batch_rows`` and
 ``dagster/row_count`` per asset (from the Delta log's statistics, no scan). A declaration's
-``metadata`` hook adds its own entries per output table.
+``metadata`` hook adds its own entries per output table; with ``state_budget`` the batch's
+state total against its budget joins them (:mod:`jobs.state_budget`).
+
+Batches are recorded one by one while a run goes on (:func:`record_batch`); with a
+``recovered_metadata`` hook, a batch committed by a run that died before recording it
+(``kill -9`` between the commit and the event) is recorded by the next run, from the
+progress log, with ``recovered = true`` (:func:`record_missed`).
 """
 
 import json
@@ -18,18 +24,23 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dagster import MetadataValue
+from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
 
 from jobs.batch_metadata import output_metadata
 from jobs.broadcast_age import broadcast_age
 from jobs.declaration import PipelineDeclaration
 from jobs.enrichment_pipeline import VERSIONS_TAG
+from jobs.state_budget import state_budget_metadata
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
 
-__all__ = ["batch_metadata", "commit_seconds", "requested_versions", "table_versions"]
+__all__ = [
+    "batch_metadata", "commit_seconds", "log_batch", "record_batch", "record_missed",
+    "requested_versions", "table_versions",
+]  # fmt: skip
 
 #: engine counts copied into the metadata when present (keyed runtimes add the last two)
 EXTRA_COUNTS = ("processed", "changed_keys", "timers_fired")
@@ -125,8 +136,65 @@ def batch_metadata(
     if written is not None and oldest is not None:
         common["latency_seconds"] = round(written - oldest, 3)
     common.update(broadcast_age(settings.table_path, plan.broadcast_versions, written))
+    if decl.state_budget:
+        common.update(state_budget_metadata(result))
     extra = decl.metadata(settings, result) if decl.metadata is not None else {}
     return {table: {**output_metadata(common, int(counts.get(key, 0)), settings.table_path(table),
                                       result.output_versions.get(table, -1)),
                     **extra.get(table, {})}
             for table, key in decl.outputs}
+
+
+def log_batch(log: Any, r: BatchResult) -> None:
+    """One line per batch in the run's log (and one warning per refused version)."""
+    log.info(
+        f"batch {r.plan.batch_id}{' (redone)' if r.redone else ''}: events versions "
+        f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
+        f"counts {r.counts} in {r.seconds:.1f}s"
+    )
+    for ref in r.refused_versions:
+        log.warning(f"refused {ref['table']}@v{ref['version']}: " + "; ".join(ref["reasons"]))
+
+
+def record_batch(
+    context: OpExecutionContext, decl: PipelineDeclaration, settings: Settings, result: BatchResult
+) -> None:
+    """Log one materialization per output asset for ``result`` (while the run goes on)."""
+    for asset, meta in batch_metadata(decl, settings, result).items():
+        context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
+
+
+def last_recorded_batch(context: OpExecutionContext, decl: PipelineDeclaration) -> int | None:
+    """The ``batch_id`` of the newest materialization of the main output (``None``: none,
+    or one without a batch id)."""
+    event = context.instance.get_latest_materialization_event(AssetKey(decl.output_table))
+    mat = event.asset_materialization if event is not None else None
+    value = mat.metadata.get("batch_id") if mat is not None else None
+    return int(value.value) if value is not None else None
+
+
+def record_missed(
+    context: OpExecutionContext, decl: PipelineDeclaration, settings: Settings
+) -> int:
+    """Record the committed batches newer than the last recorded one (a run killed after
+    its commit and before its event) with the declaration's ``recovered_metadata``;
+    returns how many were recorded (0 without the hook)."""
+    if decl.recovered_metadata is None:
+        return 0
+    last = last_recorded_batch(context, decl)
+    if last is None:
+        return 0
+    try:
+        plans, commits = read_log(progress_path(settings.checkpoint_root, decl.name))
+    except delta_io.DirectReadUnsupported:
+        return 0
+    by_id = {p.batch_id: p for p in plans if not p.is_restore}
+    missed: list[tuple[BatchPlan, BatchCommit]] = [
+        (by_id[i], commits[i]) for i in sorted(commits) if i > last and i in by_id]
+    for plan, commit in missed:
+        for asset, meta in decl.recovered_metadata(settings, plan, commit).items():
+            context.log_event(AssetMaterialization(asset_key=asset, metadata=dict(meta)))
+    if missed:
+        context.log.info(f"recorded {len(missed)} committed batch(es) that an earlier run "
+                         f"did not record: {[p.batch_id for p, _ in missed]}")
+    return len(missed)

@@ -1,10 +1,22 @@
 """``enrichment_microbatch``: enrich new events with the current broadcast state, exactly once.
 
-The job is a Dagster asset job over three assets — ``enriched_events`` and its
-side outputs ``enrichment_unmatched`` and ``enrichment_rejected`` — that depend
-on the events table and the broadcast tables, so lineage shows in the UI. Each
-run processes everything committed since the last batch (see
-:mod:`lakecast.pipeline`); ``broadcast_versions_sensor`` starts it.
+The storefront enrichment is declared to the pipeline factory (:func:`jobs.factory.
+declare_pipeline`) like every pipeline: :data:`ENRICHMENT_DECLARATION`. The factory builds
+the asset job ``enrichment_microbatch`` over three assets — ``enriched_events`` and its side
+outputs ``enrichment_unmatched`` and ``enrichment_rejected`` (group ``microbatch``) — that
+depend on the events table and the broadcast tables, so lineage shows in the UI; the
+sensor ``broadcast_versions_sensor`` (:mod:`jobs.sensors`) that starts it; and the checks
+``counts_reconcile``, ``broadcast_versions_accepted``, ``events_fresh`` and
+``state_budget``. Each run processes the versions it was requested for (see
+:mod:`lakecast.pipeline`) and ends.
+
+What the enrichment adds through the declaration's hooks: its run config
+(:class:`MicroBatchRunConfig`: ``checkpoint_every``, ``state_budget_bytes``), its engine
+builder (:func:`jobs.enrichment_pipeline.build_pipeline`), ``enrichment_continuous`` as a
+second writer, ``lake_maintenance_job`` as its maintenance (:mod:`jobs.maintenance`), its
+per-batch metadata (:mod:`jobs.batch_metadata`, also for batches a killed run did not
+record), its run totals (``run_*``), the state budget, and the sensor's observation of the
+``events`` source asset. A new broadcast version alone is no work for its sensor.
 
 The same pipeline runs without Dagster: ``python -m jobs.microbatch [--max-batches N]``.
 """
@@ -13,27 +25,16 @@ The same pipeline runs without Dagster: ``python -m jobs.microbatch [--max-batch
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from dagster import (
-    AssetCheckResult,
-    AssetExecutionContext,
-    AssetSpec,
-    Config,
-    Failure,
-    MaterializeResult,
-    MetadataValue,
-    asset_check,
-    define_asset_job,
-    multi_asset,
-)
+from dagster import AssetKey, AssetObservation, MetadataValue, SensorEvaluationContext
 from pydantic import Field
 
-from assets.columns import column_metadata
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.batch_metadata import record_batch, record_missed, result_metadata
-from jobs.enrichment import StorefrontEnrichment
+from assets.raw import events_observation
+from jobs.batch_metadata import recovered_metadata, result_metadata
+from jobs.declaration import CheckpointPolicy, PipelineDeclaration
+from jobs.enrichment import StorefrontEnrichment, validate_events
 from jobs.enrichment_pipeline import (
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_KEEP_CHECKPOINTS,
@@ -44,45 +45,40 @@ from jobs.enrichment_pipeline import (
     EXCLUSIVE_TAG,
     VERSIONS_TAG,
     build_pipeline,
-    pipeline_versions,
     refused_versions,
     summarize,
 )
-from jobs.runs import MICROBATCH_JOB, QUIET_RUN_LOGS, refuse_second_writer
-from jobs.state_budget import reported_by_check
+from jobs.factory import PipelineRunConfig, declare_pipeline
+from jobs.factory_metadata import log_batch
+from jobs.runs import CONTINUOUS_JOB, MAINTENANCE_JOB
 from lakecast.config import Settings, get_settings
-from lakecast.delta.source import latest_versions
-from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
-from lakecast.pipeline.micro_batch import BatchResult
-from lakecast.pipeline.progress import BatchPlan
+from lakecast.pipeline.micro_batch import BatchResult, MicroBatchPipeline
 from lakecast.runtime.metrics import DEFAULT_STATE_BUDGET_BYTES
 from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
 __all__ = [
-    "ENRICHED_EVENTS", "ENRICHMENT", "ENRICHMENT_REJECTED", "ENRICHMENT_UNMATCHED",
-    "EXCLUSIVE_TAG", "VERSIONS_TAG", "broadcast_versions_accepted", "build_pipeline",
-    "enrichment_microbatch", "enrichment_microbatch_assets", "main", "summarize",
+    "ENRICHED_EVENTS",
+    "ENRICHMENT",
+    "ENRICHMENT_DECLARATION",
+    "ENRICHMENT_PIPELINE",
+    "ENRICHMENT_REJECTED",
+    "ENRICHMENT_UNMATCHED",
+    "EXCLUSIVE_TAG",
+    "VERSIONS_TAG",
+    "MicroBatchRunConfig",
+    "broadcast_versions_accepted",
+    "build_pipeline",
+    "enrichment_microbatch",
+    "enrichment_microbatch_assets",
+    "log_batch",
+    "main",
+    "state_budget",
+    "summarize",
 ]  # fmt: skip
 
-_SPECS = [
-    AssetSpec(ENRICHED_EVENTS, deps=[EVENTS, DIM_PRODUCTS, USER_SEGMENTS], skippable=True,
-              group_name="microbatch", kinds={"spark", "delta"},
-              description="Events enriched with product, segment and feature-flag broadcast "
-                          "state; _state_version says which Delta versions enriched each row."),
-    AssetSpec(ENRICHMENT_UNMATCHED, deps=[EVENTS, DIM_PRODUCTS], skippable=True,
-              group_name="microbatch", kinds={"spark", "delta"},
-              description="Side output: valid events whose product is not in dim_products."),
-    AssetSpec(ENRICHMENT_REJECTED, deps=[EVENTS], skippable=True, group_name="microbatch",
-              kinds={"spark", "delta"},
-              description="Side output: malformed events and duplicate event_ids (within "
-                          "a batch, or of an event an earlier batch accepted), with the "
-                          "reason."),
-]  # fmt: skip
-_SPECS = [s.merge_attributes(metadata=column_metadata(s.key.to_user_string())) for s in _SPECS]
 
-
-class MicroBatchRunConfig(Config):
+class MicroBatchRunConfig(PipelineRunConfig):
     """Bounds of one run of ``enrichment_microbatch`` (a batch is never cut short)."""
 
     max_batches: int | None = Field(
@@ -108,109 +104,87 @@ class MicroBatchRunConfig(Config):
         "parallelism: a batch over it makes the state_budget check WARN (with the numbers).")
 
 
-def requested_versions(tags: Mapping[str, str], settings: Settings) -> dict[str, int | None]:
-    """The table versions a run processes: those in its ``lakecast/versions`` tag (set by
-    the sensor), else the newest committed when it starts (read from the Delta logs)."""
-    raw = tags.get(VERSIONS_TAG)
-    if raw:
-        try:
-            value = json.loads(raw)
-        except ValueError as e:
-            raise LakecastError(f"run tag {VERSIONS_TAG}={raw!r} is not JSON: {e}; remove "
-                                f"the tag to process what is committed now") from e
-        if isinstance(value, dict):
-            return {str(t): None if v is None else int(v) for t, v in value.items()}
-    return pipeline_versions(settings)
+def build_from_config(spark: Any, settings: Settings, *, parallelism: int | None,
+                      max_versions_per_batch: int | None, checkpoint_every: int,
+                      state_budget_bytes: int) -> MicroBatchPipeline:
+    """The declaration's builder: :func:`build_pipeline` with a run's config."""
+    return build_pipeline(spark, settings, max_versions_per_batch, parallelism=parallelism,
+                          checkpoint_every=checkpoint_every,
+                          state_budget_bytes=state_budget_bytes)
 
 
-@multi_asset(specs=_SPECS, name="enrichment_microbatch_assets", can_subset=False)
-def enrichment_microbatch_assets(
-    context: AssetExecutionContext, config: MicroBatchRunConfig,
-    pyspark: LakecastSparkResource, lake: LakeResource,
-) -> Iterator[MaterializeResult]:
-    """Run the micro-batches for the versions the run was requested for, then end.
-
-    Every committed batch is recorded as a materialization of the three outputs as soon as
-    the next one starts (:mod:`jobs.batch_metadata`); the last one is the step's result,
-    with the run's totals (``run_*``)."""
-    refuse_second_writer(context.instance, context.run.run_id, MICROBATCH_JOB)
-    settings = lake.settings()
-    record_missed(context, settings)
-    try:
-        until = None if config.follow else requested_versions(context.run.tags, settings)
-    except LakecastError as e:  # the reason as the step's failure, not a chained traceback
-        raise Failure(description=str(e)) from e
-    pipeline = build_pipeline(pyspark.session_for(ENRICHMENT.name), settings,
-                              config.max_versions_per_batch,
-                              parallelism=config.parallelism,
-                              checkpoint_every=config.checkpoint_every,
-                              state_budget_bytes=config.state_budget_bytes)
-    held: list[BatchResult] = []
-
-    def before_batch(plan: BatchPlan) -> None:
-        if held:  # the previous batch is committed: show it now
-            record_batch(context, settings, held.pop())
-
-    def on_batch(r: BatchResult) -> None:
-        log_batch(context.log, r)
-        held.append(r)
-
-    with reported_by_check():
-        results = pipeline.run(max_batches=config.max_batches, max_seconds=config.max_seconds,
-                               until=until, on_batch=on_batch, before_batch=before_batch)
-    if not results:
-        context.log.info(f"no new events since the last committed batch (up to {until})")
-        return
-    totals = {f"run_{k}": v for k, v in summarize(results).items()}
-    for asset, meta in result_metadata(settings, held.pop()).items():
-        meta.update(totals)
-        meta["refused_versions"] = MetadataValue.json(refused_versions(results))
-        meta["full_reloads"] = MetadataValue.json([f for r in results for f in r.full_reloads])
-        yield MaterializeResult(asset_key=asset, metadata=meta)
+def run_totals(results: list[BatchResult]) -> dict[str, Any]:
+    """The run's totals on its last materializations: ``run_*``, every version refused
+    during the run and the full reloads."""
+    return {
+        **{f"run_{k}": v for k, v in summarize(results).items()},
+        "refused_versions": MetadataValue.json(refused_versions(results)),
+        "full_reloads": MetadataValue.json([f for r in results for f in r.full_reloads]),
+    }
 
 
-def log_batch(log: Any, r: BatchResult) -> None:
-    """One line per batch in the run's log (and one warning per refused version)."""
-    log.info(
-        f"batch {r.plan.batch_id}{' (redone)' if r.redone else ''}: events versions "
-        f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
-        f"counts {r.counts} in {r.seconds:.1f}s"
-    )
-    for ref in r.refused_versions:
-        log.warning(f"refused {ref['table']}@v{ref['version']}: " + "; ".join(ref["reasons"]))
+def observe_events(context: SensorEvaluationContext, previous: Mapping[str, int | None] | None,
+                   versions: Mapping[str, int | None], settings: Settings
+                   ) -> list[AssetObservation]:
+    """An observation of the ``events`` source asset when its Delta version moved since the
+    cursor and since the newest recorded observation (a skipped tick does not advance the
+    cursor), run or not (:func:`assets.raw.events_observation`)."""
+    current = versions.get(EVENTS)
+    if previous is not None and previous.get(EVENTS) == current:
+        return []
+    record = context.instance.get_latest_data_version_record(AssetKey(EVENTS), is_source=True)
+    observation = record.asset_observation if record is not None else None
+    if observation is None or observation.data_version != str(current):
+        return [events_observation(settings)]
+    return []
 
 
-@asset_check(
-    asset=ENRICHED_EVENTS,
-    name="broadcast_versions_accepted",
-    description="The newest version of every broadcast table passes the enrichment's table "
-                "contracts (fails while one is refused: the state is at an older version).",
-)
-def broadcast_versions_accepted(pyspark: LakecastSparkResource, lake: LakeResource
-                                ) -> AssetCheckResult:
-    """Check the newest version of each broadcast table against the function's contracts."""
-    spark = pyspark.spark_session
-    settings = lake.settings()
-    tables = {t: settings.table_path(t) for t in ENRICHMENT.broadcast_tables}
-    gate = VersionGate(spark, tables, StorefrontEnrichment().table_contracts())
-    newest = {t: v for t, v in latest_versions(tables, spark).items() if v is not None}
-    refused = [{"table": t, "version": v, "reasons": list(gate.reasons(t, v))}
-               for t, v in sorted(newest.items()) if gate.reasons(t, v)]
-    return AssetCheckResult(
-        passed=not refused,
-        metadata={"newest_versions": MetadataValue.json(newest),
-                  "refused_versions": MetadataValue.json(refused)},
-        description="; ".join(why for r in refused for why in r["reasons"]) or None,
-    )
-
-
-enrichment_microbatch = define_asset_job(
-    MICROBATCH_JOB,
-    selection=[s.key for s in _SPECS],
-    tags={EXCLUSIVE_TAG: "enrichment_microbatch"},
-    config=QUIET_RUN_LOGS,
+#: the storefront enrichment, as the factory builds it
+ENRICHMENT_DECLARATION = PipelineDeclaration(
+    name=ENRICHMENT.name,
+    function=StorefrontEnrichment,
+    events_table=ENRICHMENT.events_table,
+    broadcast_tables=ENRICHMENT.broadcast_tables,
+    output_table=ENRICHED_EVENTS,
+    side_outputs=dict(ENRICHMENT.side_outputs),
+    rejected_table=ENRICHMENT_REJECTED,
+    validator=validate_events,
+    checkpoint=CheckpointPolicy(DEFAULT_CHECKPOINT_EVERY, DEFAULT_KEEP_CHECKPOINTS),
+    timestamp_column="event_ts",
+    dedup=ENRICHMENT.dedup,
     description="Enrich new events with the current broadcast state, exactly once.",
+    descriptions={
+        ENRICHED_EVENTS: "Events enriched with product, segment and feature-flag broadcast "
+        "state; _state_version says which Delta versions enriched each row.",
+        ENRICHMENT_UNMATCHED: "Side output: valid events whose product is not in "
+        "dim_products.",
+        ENRICHMENT_REJECTED: "Side output: malformed events and duplicate event_ids (within "
+        "a batch, or of an event an earlier batch accepted), with the reason.",
+    },
+    deps={ENRICHED_EVENTS: (EVENTS, DIM_PRODUCTS, USER_SEGMENTS),
+          ENRICHMENT_UNMATCHED: (EVENTS, DIM_PRODUCTS), ENRICHMENT_REJECTED: (EVENTS,)},
+    group_name="microbatch",
+    metadata=result_metadata,
+    sensor="broadcast_versions_sensor",
+    sensor_description="Requests one enrichment micro-batch when the events table moved "
+    "past the last committed batch (or a crashed batch must be redone).",
+    maintenance_job=MAINTENANCE_JOB,
+    writer_jobs=(CONTINUOUS_JOB,),
+    broadcast_only_runs=False,
+    builder=build_from_config,
+    run_config=MicroBatchRunConfig,
+    run_metadata=run_totals,
+    recovered_metadata=recovered_metadata,
+    state_budget=True,
+    sensor_events=observe_events,
 )
+#: its Dagster definitions
+ENRICHMENT_PIPELINE = declare_pipeline(ENRICHMENT_DECLARATION)
+enrichment_microbatch = ENRICHMENT_PIPELINE.job
+enrichment_microbatch_assets = ENRICHMENT_PIPELINE.assets
+_CHECKS = {spec.name: c for c in ENRICHMENT_PIPELINE.checks for spec in c.check_specs}
+broadcast_versions_accepted = _CHECKS["broadcast_versions_accepted"]
+state_budget = _CHECKS["state_budget"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""One writer per pipeline: the runs of the enrichment jobs that are active.
+"""One writer per pipeline: the runs of the enrichment jobs (and of any factory-built
+pipeline's writers, :attr:`jobs.declaration.PipelineDeclaration.writers`) that are active.
 
 ``enrichment_microbatch`` (sensor-requested, bounded) and ``enrichment_continuous``
 (always on) write the same tables, and ``lake_maintenance_job`` rewrites them (compaction,
@@ -46,16 +47,19 @@ def active_runs(instance: DagsterInstance, jobs: tuple[str, ...],
     return runs
 
 
-def refuse_second_writer(instance: DagsterInstance, run_id: str, job: str) -> None:
-    """Raise :class:`SecondWriterError` when another run of an enrichment job is running."""
-    others = active_runs(instance, WRITER_JOBS, RUNNING, exclude_run_id=run_id)
+def refuse_second_writer(instance: DagsterInstance, run_id: str, job: str,
+                         writers: tuple[str, ...] = WRITER_JOBS,
+                         pipeline: str = "enrichment") -> None:
+    """Raise :class:`SecondWriterError` when another run of ``writers`` (default: the
+    enrichment's writer jobs) is running."""
+    others = active_runs(instance, writers, RUNNING, exclude_run_id=run_id)
     if others:
         other = others[0]
         raise SecondWriterError(
             description=(
                 f"{job} refused: run {other.run_id} of {other.job_name} is writing the "
-                f"enrichment pipeline's tables ({other.status.value}); one writer at a time. Wait "
-                f"for it to end, or terminate it (UI: Runs → {other.run_id[:8]} → Terminate), "
-                f"then launch this job again."
+                f"{pipeline} pipeline's tables ({other.status.value}); one writer at a time. "
+                f"Wait for it to end, or terminate it (UI: Runs → {other.run_id[:8]} → "
+                f"Terminate), then launch this job again."
             )
         )

@@ -1,13 +1,14 @@
 """The broadcast state budget in the UI: per-batch metadata and the ``state_budget`` check.
 
 Every task of a broadcast job holds its own copy of the state, so memory is state size x
-parallelism (the seeds' rule: keep it under ~100 MB). Each batch's materialization of
-``enriched_events`` carries the figures (:func:`state_budget_metadata`); the
-``state_budget`` asset check reads the newest batch that has them and WARNs (it never
-blocks) when it is over budget, with the numbers and the fix. The engine itself warns
-once per process at most (:func:`lakecast.runtime.metrics.check_budget`); a run of
-``enrichment_microbatch`` (one every few seconds under the sensor) leaves it to the check
-(:func:`reported_by_check`).
+parallelism (the seeds' rule: keep it under ~100 MB). For a pipeline declared with
+``state_budget=True`` (the enrichment), each batch's materialization of the main output
+(``enriched_events``) carries the figures (:func:`state_budget_metadata`); the
+``state_budget`` asset check (:func:`state_budget_check`, added by the factory) reads the
+newest batch that has them and WARNs (it never blocks) when it is over budget, with the
+numbers and the fix. The engine itself warns once per process at most
+(:func:`lakecast.runtime.metrics.check_budget`); a run of such a pipeline's job (one every
+few seconds under the sensor) leaves it to the check (:func:`reported_by_check`).
 """
 
 import contextlib
@@ -18,13 +19,13 @@ from typing import Any
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
     MetadataValue,
     asset_check,
 )
 
-from jobs.enrichment_pipeline import ENRICHED_EVENTS
 from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.runtime.metrics import (
     BUDGET_FIX,
@@ -57,9 +58,9 @@ def reported_by_check() -> Iterator[None]:
         yield
 
 
-def _newest_figures(context: AssetCheckExecutionContext) -> dict[str, Any] | None:
-    records = context.instance.fetch_materializations(
-        AssetKey(ENRICHED_EVENTS), limit=LOOK_BACK).records
+def newest_figures(context: AssetCheckExecutionContext, asset: str) -> dict[str, Any] | None:
+    """The budget figures of the newest recorded batch of ``asset`` that has them."""
+    records = context.instance.fetch_materializations(AssetKey(asset), limit=LOOK_BACK).records
     for record in records:
         mat = record.asset_materialization
         meta = mat.metadata if mat is not None else {}
@@ -69,15 +70,8 @@ def _newest_figures(context: AssetCheckExecutionContext) -> dict[str, Any] | Non
     return None
 
 
-@asset_check(
-    asset=ENRICHED_EVENTS,
-    name="state_budget",
-    description="The newest batch's broadcast state x parallelism is within the state budget "
-    "(run config state_budget_bytes, default 100 MB); WARN when over, with the fix.",
-)
-def state_budget(context: AssetCheckExecutionContext) -> AssetCheckResult:
-    """Compare the newest recorded batch's state x parallelism with its budget."""
-    figures = _newest_figures(context)
+def budget_result(figures: dict[str, Any] | None) -> AssetCheckResult:
+    """The ``state_budget`` check's result for the newest batch's ``figures``."""
     if figures is None:
         return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN,
                                 description="no batch with state figures recorded yet")
@@ -96,3 +90,19 @@ def state_budget(context: AssetCheckExecutionContext) -> AssetCheckResult:
         description=budget_message(per_task, parallelism, budget) if over else
         f"{format_bytes(total)} of {format_bytes(budget)} (state x parallelism)",
     )
+
+
+def state_budget_check(asset: str) -> AssetChecksDefinition:
+    """The ``state_budget`` check on ``asset`` (a pipeline's main output)."""
+
+    @asset_check(
+        asset=asset,
+        name="state_budget",
+        description="The newest batch's broadcast state x parallelism is within the state "
+        "budget (run config state_budget_bytes, default 100 MB); WARN when over, with the fix.",
+    )
+    def state_budget(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        """Compare the newest recorded batch's state x parallelism with its budget."""
+        return budget_result(newest_figures(context, asset))
+
+    return state_budget

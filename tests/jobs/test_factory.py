@@ -92,6 +92,79 @@ def test_sensor_work_new_events_new_rules_version_redo_or_nothing():
     assert pending_work(FRAUD, versions, (None, None, None)) is not None  # nothing run yet
 
 
+def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
+    """``jobs/definitions.py`` declares the enrichment through the factory: its job, assets,
+    sensor and checks in ``defs`` are the ones :func:`declare_pipeline` made from
+    ``ENRICHMENT_DECLARATION``, under the names they always had."""
+    from jobs import microbatch, sensors
+    from jobs.definitions import FACTORY_PIPELINES, defs
+    from jobs.fraud import FRAUD_PIPELINE
+    from jobs.runs import WRITER_JOBS
+    from jobs.scoring import SCORING_PIPELINE
+
+    made = microbatch.ENRICHMENT_PIPELINE
+    assert made.declaration is microbatch.ENRICHMENT_DECLARATION
+    assert (made, FRAUD_PIPELINE, SCORING_PIPELINE) == FACTORY_PIPELINES
+    # the job: the factory's asset job, the one defs serves
+    assert made.job is microbatch.enrichment_microbatch and made.job.name == "enrichment_microbatch"
+    assert any(j is made.job for j in defs.jobs)
+    resolved = defs.resolve_job_def("enrichment_microbatch")
+    assert {k.to_user_string() for k in resolved.asset_layer.selected_asset_keys} == {
+        "enriched_events", "enrichment_unmatched", "enrichment_rejected"}
+    fields = resolved.run_config_schema.config_type.fields["ops"].config_type.fields[
+        "enrichment_microbatch_assets"].config_type.fields["config"].config_type.fields
+    assert {"checkpoint_every", "state_budget_bytes", "max_batches", "follow"} <= set(fields)
+    # the assets: today's keys, deps and group
+    assert made.assets is microbatch.enrichment_microbatch_assets
+    assert made.assets.node_def.name == "enrichment_microbatch_assets"
+    graph = defs.resolve_asset_graph()
+    deps = {k: {p.to_user_string() for p in graph.get(AssetKey(k)).parent_keys}
+            for k in ("enriched_events", "enrichment_unmatched", "enrichment_rejected")}
+    assert deps == {"enriched_events": {"events", "dim_products", "user_segments"},
+                    "enrichment_unmatched": {"events", "dim_products"},
+                    "enrichment_rejected": {"events"}}
+    assert {graph.get(AssetKey(k)).group_name for k in deps} == {"microbatch"}
+    # the sensor: broadcast_versions_sensor, targeting the factory's job
+    sensor = defs.resolve_sensor_def("broadcast_versions_sensor")
+    assert sensor is made.sensor and sensors.broadcast_versions_sensor is made.sensor
+    assert sensor.job_name == "enrichment_microbatch"
+    assert "enrichment_sensor" not in {s.name for s in defs.sensors}
+    # the checks on enriched_events: the factory's, state_budget included
+    names = {c.name: c for checks in made.checks for c in checks.check_specs}
+    assert set(names) == {"counts_reconcile", "broadcast_versions_accepted", "events_fresh",
+                          "state_budget"}
+    assert {n.asset_key for n in names.values()} == {AssetKey("enriched_events")}
+    on_enriched = {k.name for k in graph.asset_check_keys
+                   if k.asset_key == AssetKey("enriched_events")}
+    assert on_enriched == set(names)
+    for checks in made.checks:
+        assert any(c is checks for c in defs.asset_checks)
+    assert microbatch.broadcast_versions_accepted in made.checks
+    assert microbatch.state_budget in made.checks
+    # maintenance stays lake_maintenance_job; the writers are the enrichment's writer jobs
+    assert made.maintenance is None
+    assert made.declaration.maintenance_job_name == "lake_maintenance_job"
+    job_names = {j.name for j in defs.resolve_all_job_defs()}
+    assert "lake_maintenance_job" in job_names and "enrichment_maintenance_job" not in job_names
+    assert made.declaration.writers == WRITER_JOBS
+
+
+def test_a_declaration_can_leave_broadcast_only_changes_to_the_next_events():
+    """``broadcast_only_runs=False`` (the enrichment): a new broadcast version alone is no
+    work; new events, a redo and a first batch still are."""
+    from dataclasses import replace
+
+    lazy = replace(FRAUD, broadcast_only_runs=False)
+    last = plan(0, 3, 1)
+    versions = {"transactions": 3, "fraud_rules": 1}
+    assert pending_work(lazy, {**versions, "fraud_rules": 2}, (None, last, None)) is None
+    assert pending_work(FRAUD, {**versions, "fraud_rules": 2}, (None, last, None)) is not None
+    events = pending_work(lazy, {**versions, "transactions": 4}, (None, last, None))
+    assert events is not None and "transactions is at v4" in events
+    assert pending_work(lazy, versions, (plan(1, 4, 1), last, None)) is not None
+    assert pending_work(lazy, versions, (None, None, None)) is not None
+
+
 RULE = {"rule_id": "r1", "small_below": 1.0, "large_above": 500.0, "window_ms": 60_000,
         "action": "BLOCK", "enabled": True}  # fmt: skip
 

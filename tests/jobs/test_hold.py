@@ -25,6 +25,8 @@ from jobs.enrichment_pipeline import (
     build_pipeline,
     summarize,
 )
+from jobs.factory_checks import counts_reconcile, events_freshness
+from jobs.microbatch import ENRICHMENT_DECLARATION
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.tables import DIM_PRODUCTS
@@ -173,6 +175,19 @@ def test_held_event_is_enriched_when_its_product_arrives_or_expires(spark, lake)
     totals = summarize(results)
     assert (totals["held"], totals["held_expired"]) == (1, 2)
     assert totals["held_retried"] == sum(c["held_retried"] for c in want["counts"])
+
+    # the factory's checks of the enrichment hold with held events re-offered (events in +
+    # held retried = processed + rejected), against the model's counts and rows
+    passed, problems, check = counts_reconcile(ENRICHMENT_DECLARATION, lake)
+    assert passed, problems
+    assert check["events_in"] == sum(c["events_in"] for c in want["counts"])
+    assert check["rejected"] == sum(c["rejected"] for c in want["counts"])
+    rows = {t: v["rows"] for t, v in check["tables"].value.items()}
+    assert rows == {ENRICHED_EVENTS: len(want["enriched"]),
+                    ENRICHMENT_UNMATCHED: len(want["unmatched"]),
+                    ENRICHMENT_REJECTED: sum(c["rejected"] for c in want["counts"])}
+    fresh, problem, _ = events_freshness(ENRICHMENT_DECLARATION, lake)
+    assert fresh, problem
 
 
 def test_timeout_zero_sends_held_events_to_unmatched_at_once(spark, lake):

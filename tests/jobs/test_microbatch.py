@@ -235,7 +235,7 @@ def test_state_over_budget_is_a_warning_check_not_a_warning_per_batch(spark, lak
 
     from dagster import AssetCheckSeverity
 
-    from jobs.state_budget import state_budget
+    from jobs.microbatch import state_budget
     from lakecast.runtime.metrics import StateBudgetWarning, reset_budget_warnings
 
     reset_budget_warnings()

@@ -33,8 +33,7 @@ from assets import BATCH_ASSETS
 from assets.raw import events_observation
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs import backfill
-from jobs.microbatch import ENRICHED_EVENTS, enrichment_microbatch_assets
-from jobs.state_budget import state_budget
+from jobs.microbatch import ENRICHED_EVENTS, enrichment_microbatch_assets, state_budget
 from lakecast.config import PROJECT_ROOT, Settings
 from lakecast.tables import USER_SEGMENTS
 from lakecast.tools import datagen, flags
