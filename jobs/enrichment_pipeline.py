@@ -1,7 +1,8 @@
 """The storefront enrichment pipeline: its tables, how it is built, and run totals.
 
-Shared by the sensor-triggered job (:mod:`jobs.microbatch`), the continuous job
-(:mod:`jobs.continuous`), their metadata (:mod:`jobs.batch_metadata`) and the sensor.
+Shared by the enrichment's declaration (:mod:`jobs.microbatch`: the factory builds its
+job, sensor and checks), the continuous job (:mod:`jobs.continuous`), their metadata
+(:mod:`jobs.batch_metadata`) and ``lakecast replay`` (:mod:`jobs.registry`).
 """
 
 import json
