@@ -26,6 +26,7 @@ from jobs.microbatch import (
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     VERSIONS_TAG,
+    build_pipeline,
     enrichment_microbatch_assets,
 )
 from jobs.runs import CONTINUOUS_JOB, MICROBATCH_JOB
@@ -128,6 +129,33 @@ def test_a_run_ends_at_its_versions_and_records_each_batch(spark, lake):
         ml.assert_exact(spark, lake, [frames[0], frames[1], frames[2], *produced])
         ids = [m["batch_id"] for m in _batch_materializations(instance, ENRICHED_EVENTS)]
         assert ids == _committed(lake)  # every committed batch, once
+
+
+def test_a_batch_committed_but_not_recorded_is_recorded_by_the_next_run(spark, lake):
+    """A batch committed with no Dagster event (a run killed between its commit and its
+    event; here the pipeline run without Dagster) is recorded by the next run, from the
+    progress log, with ``recovered = true`` and the batch's own numbers, before its own."""
+    ml.build(spark, lake)
+    frames = [ml.events(1000 * i, 30, seed=20 + i) for i in range(3)]
+    with DagsterInstance.ephemeral() as instance:
+        ml.write_events(spark, lake, frames[0])
+        assert materialize([enrichment_microbatch_assets], resources=RESOURCES,
+                           instance=instance).success  # batch 0, recorded
+        ml.write_events(spark, lake, frames[1])
+        (unrecorded,) = build_pipeline(spark, lake).run()  # batch 1: committed only
+        assert unrecorded.plan.batch_id == 1
+        ml.write_events(spark, lake, frames[2])
+        assert materialize([enrichment_microbatch_assets], resources=RESOURCES,
+                           instance=instance).success  # records batch 1, then runs batch 2
+        for asset, count_key in OUTPUTS.items():
+            metas = _batch_materializations(instance, asset)
+            assert [m["batch_id"] for m in metas] == [0, 1, 2]
+            assert [m.get("recovered", False) for m in metas] == [False, True, False]
+            want = [ml.expected(f, ml.segments_v1(), 10.0)[count_key] for f in frames]
+            assert [m["batch_rows"] for m in metas] == [len(w) for w in want]
+            assert [m["events_in"] for m in metas] == [len(f) for f in frames]
+            assert [m["events_end"] for m in metas] == [0, 1, 2]
+    ml.assert_exact(spark, lake, frames)
 
 
 def test_continuous_enriches_each_commit_and_stops_when_terminated(spark, lake):
