@@ -32,6 +32,7 @@ from dagster import (
     AssetChecksDefinition,
     AssetExecutionContext,
     AssetsDefinition,
+    AssetSelection,
     AssetSpec,
     Config,
     Failure,
@@ -46,7 +47,7 @@ from assets.columns import COLUMNS, column_metadata
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.declaration import CheckpointPolicy, PipelineDeclaration
 from jobs.enrichment_pipeline import EXCLUSIVE_TAG
-from jobs.factory_checks import pipeline_checks
+from jobs.factory_checks import ON_REQUEST_CHECKS, pipeline_checks
 from jobs.factory_maintenance import MaintenanceDefinitions, declare_maintenance
 from jobs.factory_metadata import (
     batch_metadata,
@@ -239,13 +240,17 @@ def make_assets(decl: PipelineDeclaration) -> AssetsDefinition:
 def declare_pipeline(decl: PipelineDeclaration) -> PipelineDefinitions:
     """The job, output assets, sensor and asset checks of ``decl``."""
     assets = make_assets(decl)
+    checks = pipeline_checks(decl)
+    # the job runs its outputs' checks after each run, except those that are run on request
+    # (the recomputation's cost grows with a keyed pipeline's history)
+    in_runs = [key for c in checks for key in c.check_keys if key.name not in ON_REQUEST_CHECKS]
     job = define_asset_job(
         decl.job_name,
-        selection=[s.key for s in output_specs(decl)],
+        selection=AssetSelection.assets(*(s.key for s in output_specs(decl))).without_checks()
+        | AssetSelection.checks(*in_runs),
         tags={EXCLUSIVE_TAG: decl.job_name},
         config=QUIET_RUN_LOGS,
         description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
     )
     maintenance = None if decl.maintenance_job else declare_maintenance(decl)
-    return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), pipeline_checks(decl),
-                               maintenance)
+    return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), checks, maintenance)

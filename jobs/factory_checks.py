@@ -29,6 +29,7 @@ from dagster import AssetCheckResult, AssetChecksDefinition, MetadataValue, asse
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.declaration import PipelineDeclaration
 from jobs.factory_metadata import lag
+from jobs.factory_recompute import CHECK_NAME as RECOMPUTE_CHECK
 from jobs.factory_recompute import recompute_check
 from jobs.state_budget import state_budget_check
 from lakecast.config import Settings
@@ -36,7 +37,11 @@ from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
 
-__all__ = ["counts_reconcile", "events_freshness", "newest_versions_refused", "pipeline_checks"]
+__all__ = ["ON_REQUEST_CHECKS", "counts_reconcile", "events_freshness", "newest_versions_refused",
+           "pipeline_checks"]
+
+#: checks that a pipeline's job does not run after each run (run from the UI or a schedule)
+ON_REQUEST_CHECKS = frozenset({RECOMPUTE_CHECK})
 
 
 def surviving_batches(

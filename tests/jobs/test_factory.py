@@ -52,6 +52,16 @@ def test_a_broadcast_declaration_gives_job_assets_sensor_and_checks():
         "events_fresh",
         "output_sample_recomputed",
     }
+    # the job runs every check of its outputs after a run but the on-request recomputation
+    from dagster import Definitions
+
+    from assets.resources import LakecastSparkResource, LakeResource
+
+    job = Definitions(assets=[made.assets], asset_checks=made.checks, jobs=[made.job],
+                      resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
+                      ).resolve_job_def("shop_microbatch")
+    assert {k.name for k in job.asset_layer.asset_graph.asset_check_keys} == {
+        "counts_reconcile", "broadcast_versions_accepted", "events_fresh"}
 
 
 def test_the_fraud_declaration_is_keyed_with_a_state_table():

@@ -227,7 +227,7 @@ def run_scoring(instance: DagsterInstance, cursor: str | None,
     assert set(meta) == {PREDICTIONS, SCORING_UNMATCHED, PREDICTIONS_REJECTED}
     checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
     assert checks == {"counts_reconcile": True, "broadcast_versions_accepted": True,
-                      "events_fresh": True, "output_sample_recomputed": True}
+                      "events_fresh": True}  # output_sample_recomputed: on request
     return meta, tick.cursor
 
 
