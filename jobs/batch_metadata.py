@@ -45,13 +45,6 @@ from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, BatchResult
 from lakecast.pipeline.progress import BatchCommit, BatchPlan
 
 
-def _commit_seconds(path: str, version: int) -> float | None:
-    try:
-        return delta_io.commit_info(path, version).timestamp_ms / 1000.0
-    except delta_io.DeltaIOError:
-        return None
-
-
 def batch_metadata(
     settings: Settings,
     plan: BatchPlan,
@@ -61,10 +54,10 @@ def batch_metadata(
 ) -> dict[str, dict[str, Any]]:
     """Metadata of one committed batch, per output asset (see the module docstring)."""
     events_path = settings.table_path(ENRICHMENT.events_table)
-    oldest = _commit_seconds(events_path, max(plan.events_start + 1, 0))
-    newest = _commit_seconds(events_path, plan.events_end)
+    oldest = delta_io.commit_seconds(events_path, max(plan.events_start + 1, 0))
+    newest = delta_io.commit_seconds(events_path, plan.events_end)
     main_version = output_versions.get(ENRICHED_EVENTS, -1)
-    written = (_commit_seconds(settings.table_path(ENRICHED_EVENTS), main_version)
+    written = (delta_io.commit_seconds(settings.table_path(ENRICHED_EVENTS), main_version)
                if main_version >= 0 else None)
     common: dict[str, Any] = {
         "batch_id": plan.batch_id,

@@ -27,16 +27,6 @@ from lakecast.delta import io as delta_io
 __all__ = ["broadcast_age"]
 
 
-def _committed_at(path: str, version: int) -> float | None:
-    """Commit time of ``path@version`` in epoch seconds (``None``: no such commit)."""
-    if version < 0:
-        return None
-    try:
-        return delta_io.commit_info(path, version).timestamp_ms / 1000.0
-    except delta_io.DeltaIOError:
-        return None
-
-
 def _newer_before(path: str, version: int, newest: int | None, at: float,
                   limit: int = 100) -> list[float]:
     """Commit times of the versions after ``version`` committed by ``at`` (at most
@@ -44,7 +34,7 @@ def _newer_before(path: str, version: int, newest: int | None, at: float,
     out: list[float] = []
     for v in range(version + 1, min(newest if newest is not None else version,
                                     version + limit) + 1):
-        committed = _committed_at(path, v)
+        committed = delta_io.commit_seconds(path, v)
         if committed is None or committed > at:
             break
         out.append(committed)
@@ -69,7 +59,7 @@ def broadcast_age(
             continue
         path = table_path(table)
         newest = delta_io.latest_version(path)
-        committed = _committed_at(path, version)
+        committed = delta_io.commit_seconds(path, version)
         row: dict[str, Any] = {"version": version, "newest_version": newest}
         if committed is not None:
             row["age_seconds"] = round(max(0.0, at - committed), 3)

@@ -38,7 +38,7 @@ from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
 
 __all__ = [
-    "batch_metadata", "commit_seconds", "log_batch", "record_batch", "record_missed",
+    "batch_metadata", "log_batch", "record_batch", "record_missed",
     "requested_versions", "table_versions",
 ]  # fmt: skip
 
@@ -75,16 +75,6 @@ def requested_versions(
     return {str(t): None if v is None else int(v) for t, v in value.items()}
 
 
-def commit_seconds(path: str, version: int) -> float | None:
-    """Commit time of ``path@version`` in epoch seconds (``None``: no such commit)."""
-    if version < 0:
-        return None
-    try:
-        return delta_io.commit_info(path, version).timestamp_ms / 1000.0
-    except delta_io.DeltaIOError:
-        return None
-
-
 def lag(
     decl: PipelineDeclaration, settings: Settings, events_end: int, now: float | None = None
 ) -> tuple[int, float]:
@@ -95,7 +85,7 @@ def lag(
     behind = max(0, (newest if newest is not None else -1) - events_end)
     if not behind:
         return 0, 0.0
-    first = commit_seconds(path, events_end + 1)
+    first = delta_io.commit_seconds(path, events_end + 1)
     now = time.time() if now is None else now
     return behind, round(max(0.0, now - first), 3) if first is not None else 0.0
 
@@ -106,8 +96,8 @@ def batch_metadata(
     """Metadata of one committed batch, per output asset (see the module docstring)."""
     plan, counts = result.plan, result.counts
     events_path = settings.table_path(decl.events_table)
-    oldest = commit_seconds(events_path, max(plan.events_start + 1, 0))
-    written = commit_seconds(
+    oldest = delta_io.commit_seconds(events_path, max(plan.events_start + 1, 0))
+    written = delta_io.commit_seconds(
         settings.table_path(decl.output_table), result.output_versions.get(decl.output_table, -1)
     )
     lag_versions, lag_seconds = lag(decl, settings, plan.events_end)

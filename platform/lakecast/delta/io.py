@@ -23,6 +23,7 @@ from lakecast.delta.log import (
     TableFiles,
     commit_actions,
     commit_info,
+    commit_seconds,
     file_sizes,
     latest_version,
     read_changes_from_log,
@@ -272,6 +273,7 @@ def restore_version(spark: SparkSession, path: str, version: int) -> int:
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
     "TableFiles", "append_arrow", "checkpoint_log", "commit_actions", "commit_info",
+    "commit_seconds",
     "delete", "file_sizes", "history", "is_conflict",
     "latest_version", "merge_upsert", "overwrite_arrow", "read", "read_changes",
     "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",

@@ -96,6 +96,16 @@ def commit_info(path: str, version: int, spark: SparkSession | None = None) -> C
     raise DeltaIOError(f"{path} version {version} has no commitInfo action")
 
 
+def commit_seconds(path: str, version: int, spark: SparkSession | None = None) -> float | None:
+    """Commit time of ``path@version`` in epoch seconds (``None``: no such version)."""
+    if version < 0:
+        return None
+    try:
+        return commit_info(path, version, spark).timestamp_ms / 1000.0
+    except DeltaIOError:
+        return None
+
+
 def read_changes_from_log(
     path: str, start_version: int, end_version: int
 ) -> dict[int, pa.Table] | None:
