@@ -104,10 +104,13 @@ class MicroBatchRunConfig(PipelineRunConfig):
         "parallelism: a batch over it makes the state_budget check WARN (with the numbers).")
 
 
-def build_from_config(spark: Any, settings: Settings, *, parallelism: int | None,
-                      max_versions_per_batch: int | None, checkpoint_every: int,
-                      state_budget_bytes: int) -> MicroBatchPipeline:
-    """The declaration's builder: :func:`build_pipeline` with a run's config."""
+def build_from_config(spark: Any, settings: Settings, *, parallelism: int | None = None,
+                      max_versions_per_batch: int | None = None,
+                      checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                      state_budget_bytes: int = DEFAULT_STATE_BUDGET_BYTES,
+                      ) -> MicroBatchPipeline:
+    """The declaration's builder: :func:`build_pipeline` with a run's config (the run
+    config's defaults when built outside a run, e.g. by ``output_sample_recomputed``)."""
     return build_pipeline(spark, settings, max_versions_per_batch, parallelism=parallelism,
                           checkpoint_every=checkpoint_every,
                           state_budget_bytes=state_budget_bytes)

@@ -142,7 +142,7 @@ def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
     # the checks on enriched_events: the factory's, state_budget included
     names = {c.name: c for checks in made.checks for c in checks.check_specs}
     assert set(names) == {"counts_reconcile", "broadcast_versions_accepted", "events_fresh",
-                          "state_budget"}
+                          "state_budget", "output_sample_recomputed"}
     assert {n.asset_key for n in names.values()} == {AssetKey("enriched_events")}
     on_enriched = {k.name for k in graph.asset_check_keys
                    if k.asset_key == AssetKey("enriched_events")}

@@ -11,8 +11,10 @@ from dagster import materialize
 from assets.resources import LakecastSparkResource, LakeResource
 from jobs.enrichment import StorefrontEnrichment
 from jobs.enrichment_pipeline import ENRICHMENT
+from jobs.factory_recompute import recompute_sample
 from jobs.microbatch import (
     ENRICHED_EVENTS,
+    ENRICHMENT_DECLARATION,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     build_pipeline,
@@ -125,6 +127,20 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     # every input row is in exactly one output
     assert len(enriched) + len(unmatched) + len(rejected) == len(batch1) + len(batch2)
     assert enriched.event_id.is_unique
+
+    # output_sample_recomputed on the enrichment: every row (fewer than the bound) of both
+    # batches recomputes in the harness at its batch's versions; one row changed on disk fails
+    sample = recompute_sample(ENRICHMENT_DECLARATION, spark, lake)
+    assert sample.passed, sample.description
+    assert sample.metadata["rows_matched"] == sample.metadata["rows_sampled"] == len(enriched)
+    assert sample.metadata["batches_covered"].value == [0, 1]
+    changed = int(second.event_id.iloc[0])
+    spark.sql(f"UPDATE delta.`{lake.table_path(ENRICHED_EVENTS)}` SET segment = 'X' "
+              f"WHERE event_id = {changed}")
+    bad = recompute_sample(ENRICHMENT_DECLARATION, spark, lake)
+    assert not bad.passed and [(m.batch_id, m.column, m.actual) for m in bad.mismatches] == [
+        (1, "segment", "X")]
+    assert f"event_id={changed}" in bad.description, bad.description
 
 
 def test_failed_batch_writes_nothing_and_is_redone_with_its_plan(spark, lake, monkeypatch):
