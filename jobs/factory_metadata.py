@@ -154,10 +154,10 @@ def record_batch(
         context.log_event(AssetMaterialization(asset_key=asset, metadata=meta))
 
 
-def last_recorded_batch(context: OpExecutionContext, decl: PipelineDeclaration) -> int | None:
-    """The ``batch_id`` of the newest materialization of the main output (``None``: none,
-    or one without a batch id)."""
-    event = context.instance.get_latest_materialization_event(AssetKey(decl.output_table))
+def last_recorded_batch(context: OpExecutionContext, asset: str) -> int | None:
+    """The ``batch_id`` of the newest materialization of ``asset`` (``None``: none, or one
+    without a batch id)."""
+    event = context.instance.get_latest_materialization_event(AssetKey(asset))
     mat = event.asset_materialization if event is not None else None
     value = mat.metadata.get("batch_id") if mat is not None else None
     return int(value.value) if value is not None else None
@@ -166,25 +166,30 @@ def last_recorded_batch(context: OpExecutionContext, decl: PipelineDeclaration) 
 def record_missed(
     context: OpExecutionContext, decl: PipelineDeclaration, settings: Settings
 ) -> int:
-    """Record the committed batches newer than the last recorded one (a run killed after
-    its commit and before its event) with the declaration's ``recovered_metadata``;
-    returns how many were recorded (0 without the hook)."""
+    """Record, per output asset, the committed batches newer than the asset's last recorded
+    one (a run killed after its commit and before its events, or between the events of two
+    assets) with the declaration's ``recovered_metadata``; returns how many batches it
+    recorded for at least one asset (0 without the hook, or before any recorded batch)."""
     if decl.recovered_metadata is None:
         return 0
-    last = last_recorded_batch(context, decl)
-    if last is None:
-        return 0
+    main = last_recorded_batch(context, decl.output_table)
+    if main is None:
+        return 0  # a fresh instance: the history before it is not this instance's
+    lasts = {t: last_recorded_batch(context, t) for t, _ in decl.outputs}
+    lasts = {t: main if b is None else b for t, b in lasts.items()}
     try:
         plans, commits = read_log(progress_path(settings.checkpoint_root, decl.name))
     except delta_io.DirectReadUnsupported:
         return 0
     by_id = {p.batch_id: p for p in plans if not p.is_restore}
+    oldest = min(lasts.values())
     missed: list[tuple[BatchPlan, BatchCommit]] = [
-        (by_id[i], commits[i]) for i in sorted(commits) if i > last and i in by_id]
+        (by_id[i], commits[i]) for i in sorted(commits) if i > oldest and i in by_id]
     for plan, commit in missed:
         for asset, meta in decl.recovered_metadata(settings, plan, commit).items():
-            context.log_event(AssetMaterialization(asset_key=asset, metadata=dict(meta)))
+            if plan.batch_id > lasts.get(asset, main):
+                context.log_event(AssetMaterialization(asset_key=asset, metadata=dict(meta)))
     if missed:
         context.log.info(f"recorded {len(missed)} committed batch(es) that an earlier run "
-                         f"did not record: {[p.batch_id for p, _ in missed]}")
+                         f"did not record for every output: {[p.batch_id for p, _ in missed]}")
     return len(missed)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from dagster import (
     AssetKey,
+    AssetMaterialization,
     DagsterInstance,
     DagsterRunStatus,
     build_sensor_context,
@@ -19,6 +20,7 @@ from dagster import (
 )
 
 from assets.resources import LakecastSparkResource, LakeResource
+from jobs.batch_metadata import recovered_metadata
 from jobs.continuous import enrichment_continuous
 from jobs.microbatch import (
     ENRICHED_EVENTS,
@@ -131,10 +133,13 @@ def test_a_run_ends_at_its_versions_and_records_each_batch(spark, lake):
         assert ids == _committed(lake)  # every committed batch, once
 
 
-def test_a_batch_committed_but_not_recorded_is_recorded_by_the_next_run(spark, lake):
+@pytest.mark.parametrize("recorded", [(), (ENRICHED_EVENTS,)], ids=["none", "main-only"])
+def test_a_batch_committed_but_not_recorded_is_recorded_by_the_next_run(spark, lake, recorded):
     """A batch committed with no Dagster event (a run killed between its commit and its
     event; here the pipeline run without Dagster) is recorded by the next run, from the
-    progress log, with ``recovered = true`` and the batch's own numbers, before its own."""
+    progress log, with ``recovered = true`` and the batch's own numbers, before its own.
+    Killed between the events of two assets (``main-only``: the main output's event was
+    logged), the next run records the batch for the other assets only: once each."""
     ml.build(spark, lake)
     frames = [ml.events(1000 * i, 30, seed=20 + i) for i in range(3)]
     with DagsterInstance.ephemeral() as instance:
@@ -144,13 +149,20 @@ def test_a_batch_committed_but_not_recorded_is_recorded_by_the_next_run(spark, l
         ml.write_events(spark, lake, frames[1])
         (unrecorded,) = build_pipeline(spark, lake).run()  # batch 1: committed only
         assert unrecorded.plan.batch_id == 1
+        plans, commits = read_log(progress_path(lake.checkpoint_root, ENRICHMENT.name))
+        (plan,) = [p for p in plans if p.batch_id == 1 and not p.is_restore]
+        logged = recovered_metadata(lake, plan, commits[1])
+        for asset in recorded:  # what the killed run logged before it died
+            instance.report_runless_asset_event(AssetMaterialization(
+                asset_key=asset, metadata={**logged[asset], "recovered": False}))
         ml.write_events(spark, lake, frames[2])
         assert materialize([enrichment_microbatch_assets], resources=RESOURCES,
                            instance=instance).success  # records batch 1, then runs batch 2
         for asset, count_key in OUTPUTS.items():
             metas = _batch_materializations(instance, asset)
             assert [m["batch_id"] for m in metas] == [0, 1, 2]
-            assert [m.get("recovered", False) for m in metas] == [False, True, False]
+            assert [m.get("recovered", False) for m in metas] == [
+                False, asset not in recorded, False]
             want = [ml.expected(f, ml.segments_v1(), 10.0)[count_key] for f in frames]
             assert [m["batch_rows"] for m in metas] == [len(w) for w in want]
             assert [m["events_in"] for m in metas] == [len(f) for f in frames]
