@@ -17,17 +17,20 @@ fraud pipeline) every ``--every`` s, a broadcast change every ``--flag-every`` s
 ``feature_flags``, ``dim_products`` through ``dimension_refresh_job``, the next
 ``user_segments`` partition day through Dagster; see :mod:`benchmarks.soak_parts`), and
 every ``--kill-every`` s a ``kill -9`` of the STARTED ``enrichment_microbatch`` run's
-process tree (pid from its engine event). Each minute: keyed state keys/bytes, snapshot
-table and checkpoint root bytes, the Spark server JVM's and its Python workers' RSS (max
-and slope reported).
+process tree (pid from its engine event). Each minute, and within 10 s of each maintenance
+run's end: keyed state keys/bytes, snapshot table and checkpoint root bytes, the Spark
+server JVM's and its Python workers' RSS (max and slope reported).
 It waits (<= 5 min) for a run to catch up the last version, stops ``dagster dev`` and checks:
 runs not killed succeeded within ``max_seconds`` + 60 s; one materialization of each output
 per committed batch; events in == rows of the three outputs, each event_id as often out as
-in; RSS of dagster dev (runs aside) and of the Spark server flat (median of the last third
-of the samples vs the middle third); every enriched row equals the broadcast tables at
-its ``_state_version``; the maintenance runs of both pipelines succeeded; the fraud keyed
-state stays bounded (its live state bytes plateau, and its table's data files after each
-maintenance run do not grow), and so do the snapshot table's data files
+in; RSS of dagster dev (runs aside) and of the Spark server's Python workers, and the
+Spark server JVM's live heap (after the full GC the minute sample forces with ``jcmd``),
+flat (median of the last third of the samples vs the middle third; the JVM's RSS, which
+follows G1's heap sizing, is reported: max and slope); every enriched row equals the
+broadcast tables at its ``_state_version``; the maintenance runs of both pipelines
+succeeded; the fraud keyed state stays bounded (its live state bytes plateau, and its
+table's data files after each maintenance run do not grow), and so do the snapshot table's
+data files
 (:func:`benchmarks.soak_parts.storage_bounded`; the ``_delta_log`` is reported apart);
 restoring the newest checkpoint and catching up gives the same outputs.
 
@@ -69,6 +72,7 @@ from lakecast.config import PROJECT_ROOT, get_settings
 SLACK_S = 60.0  # one batch past a run's max_seconds
 SAMPLE_S = 20.0  # RSS sampling period
 KILL_RETRY_S = 20.0
+MAINTAINED_POLL_S = 10.0  # how often to look for a maintenance run that just ended
 
 
 Procs = dict[int, tuple[int, int, str]]
@@ -144,6 +148,18 @@ def _sample(dev_pid: int, spark_pid: int | None) -> dict[str, float]:
 
     return {"dagster_mib": mib(dev - runs), "runs_mib": mib(runs),
             "spark_mib": mib(_tree(spark_pid, procs))}
+
+
+def _maintained(instance: Any) -> int:
+    """How many maintenance runs (of either pipeline) have succeeded."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from jobs.fraud import FRAUD
+    from jobs.runs import MAINTENANCE_JOB
+
+    return sum(instance.get_runs_count(RunsFilter(
+        job_name=job, statuses=[DagsterRunStatus.SUCCESS]))
+        for job in (MAINTENANCE_JOB, FRAUD.maintenance_job_name))
 
 
 def _committed(log: str, after: int) -> dict[int, int]:
@@ -260,10 +276,11 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
             def flag() -> None:  # a broadcast change: flag, dim_products, user_segments
                 say(f"broadcast change: {changes.step()}")
 
-            t0 = time.monotonic()
+            t0, rec["t0_epoch"] = time.monotonic(), time.time()
             end = min(t0 + args.minutes * 60, hard)
             due = {"commit": t0, "flag": t0 + args.flag_every, "kill": t0 + args.kill_every,
-                   "sample": t0, "status": t0 + 60, "minute": t0}
+                   "sample": t0, "status": t0 + 60, "minute": t0, "maintained": t0}
+            maintained = _maintained(instance)
             kill_since: float | None = None
             writing: dict[str, Future | None] = {"commit": None, "flag": None}  # in `pool`
             while (now := time.monotonic()) < end:
@@ -294,6 +311,12 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
                     due["sample"] += SAMPLE_S
                     sample = _sample(dev.pid, server.pid())
                     rec["samples"].append({"t_s": round(now - t0, 1), **sample})
+                if now >= due["maintained"]:  # a storage sample right after maintenance
+                    due["maintained"] += MAINTAINED_POLL_S
+                    done = _maintained(instance)
+                    if done > maintained:
+                        due["minute"] = now
+                    maintained = done
                 if now >= due["minute"]:
                     due["minute"] += 60
                     procs = _procs()
@@ -338,7 +361,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     from jobs.definitions import FRAUD_PIPELINE
     from jobs.enrichment_pipeline import OUTPUTS
     from jobs.microbatch import MicroBatchRunConfig
-    from jobs.runs import MICROBATCH_JOB
+    from jobs.runs import MAINTENANCE_JOB, MICROBATCH_JOB
     from lakecast.tables import EVENTS
 
     killed = {k["run_id"] for k in rec["kills"]}
@@ -393,16 +416,23 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                   n_out, F.col("event_id").eqNullSafe(F.col("oid")), "full").filter(
                   F.coalesce("n_in", F.lit(0)) != F.coalesce("n_out", F.lit(0))).count()}
     memory = {k: _flat([s[k] for s in rec["samples"]]) for k in ("dagster_mib", "spark_mib")}
+    memory.update({k: _flat([m[k] for m in rec["minute"] if m.get(k) is not None])
+                   for k in ("driver_live_heap_mib", "python_workers_mib")})
     minute = {k: series(rec["minute"], k) for k in (
-        "driver_jvm_mib", "python_workers_mib", "python_workers", "snapshot_bytes",
+        "driver_jvm_mib", "driver_live_heap_mib", "driver_heap_committed_mib",
+        "python_workers_mib", "python_workers", "snapshot_bytes",
         "checkpoint_root_bytes", "fraud_state_keys", "fraud_state_live_keys",
         "fraud_state_state_bytes", "fraud_state_disk_bytes", "fraud_state_log_bytes",
         "snapshot_log_bytes")}
-    period = max(1, round(args.maintain_every))  # samples (one a minute) per maintenance
+    def ended(job: str) -> list[float]:  # maintenance runs' ends on the samples' clock
+        return [r["end_time"] - rec["t0_epoch"] for r in maintenance["runs"]
+                if r["job"] == job and r["status"] == "SUCCESS" and r["end_time"]]
+
     bounded = storage_bounded(rec["minute"], "fraud_state_disk_bytes", "fraud_state_log_bytes",
-                              period, state="fraud_state_state_bytes")
+                              ended(FRAUD_PIPELINE.maintenance_job_name),
+                              state="fraud_state_state_bytes")
     snapshot_data = storage_bounded(rec["minute"], "snapshot_bytes", "snapshot_log_bytes",
-                                    period)
+                                    ended(MAINTENANCE_JOB))
     lineage = check_lineage(spark, get_settings())
     restore = check_restore(spark, get_settings(), env)  # last: it rewrites the outputs
     changed = {c["table"] for c in rec["broadcast_changes"]
@@ -417,7 +447,8 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
         "counts": (counts["events"] == sum(counts[t] for t, _ in OUTPUTS)
                    and not counts["accepted_repeated_ids"]
                    and not counts["event_ids_in_out_mismatch"]),
-        "memory": all(m["flat"] for m in memory.values()),
+        # the Spark server: its live heap (RSS, reported, follows G1's heap sizing)
+        "memory": all(m["flat"] for k, m in memory.items() if k != "spark_mib"),
         "broadcast_changes": changed == {"feature_flags", "dim_products", "user_segments"},
         "lineage": lineage["ok"] and all(
             len(v) > 1 for v in lineage["versions_seen"].values()),

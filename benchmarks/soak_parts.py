@@ -20,12 +20,14 @@ fraud pipeline beside the enrichment, per-minute samples, and the checks at the 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -184,6 +186,25 @@ def keyed_state(path: str) -> dict[str, int | None]:
             "log_bytes": dir_bytes(os.path.join(path, "_delta_log"))}
 
 
+def live_heap(pid: int) -> dict[str, Any]:
+    """The JVM's live heap: ``jcmd GC.run`` (a full GC), then ``GC.heap_info``'s used and
+    committed heap (MiB). RSS alone cannot tell a leak from a heap G1 grows and shrinks."""
+    import re
+
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=120,
+                       check=True)
+        info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True,
+                              text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"driver_heap_error": f"{type(e).__name__}: {e}"[:300]}
+    m = re.search(r"heap\s+total (\d+)K, used (\d+)K", info)
+    if m is None:
+        return {"driver_heap_error": f"no heap line in: {info[:300]}"}
+    return {"driver_live_heap_mib": round(int(m[2]) / 1024, 1),
+            "driver_heap_committed_mib": round(int(m[1]) / 1024, 1)}
+
+
 def minute_sample(settings: Settings, procs: dict[int, tuple[int, int, str]],
                   spark_tree: set[int], spark_pid: int | None) -> dict[str, Any]:
     """One per-minute sample (MiB for memory, bytes for storage)."""
@@ -193,6 +214,7 @@ def minute_sample(settings: Settings, procs: dict[int, tuple[int, int, str]],
     workers = [p for p in spark_tree if any(w in procs[p][2] for w in PYSPARK_WORKER)]
     out: dict[str, Any] = {
         "driver_jvm_mib": round(procs[spark_pid][1] / 2**20, 1) if spark_pid in procs else None,
+        **(live_heap(spark_pid) if spark_pid in procs else {}),
         "python_workers": len(workers),
         "python_workers_mib": round(sum(procs[p][1] for p in workers) / 2**20, 1),
         "snapshot_bytes": dir_bytes(snapshot_path(settings, "enrichment")),
@@ -331,7 +353,7 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
              "status": r.dagster_run.status.value,
              "scheduled": r.dagster_run.tags.get("dagster/schedule_name"),
              "seconds": round(r.end_time - r.start_time, 1)
-             if r.start_time and r.end_time else None,
+             if r.start_time and r.end_time else None, "end_time": r.end_time,
              "maintained": maintained(r.dagster_run.run_id),
              "failure": failure(r.dagster_run.run_id)} for r in recs]
     succeeded = {job: sum(r["status"] == "SUCCESS" and r["job"] == job for r in runs)
@@ -340,26 +362,32 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
             "ok": all(succeeded.values()) and not any(r["status"] == "FAILURE" for r in runs)}
 
 
-def storage_bounded(minute: list[dict[str, Any]], disk: str, log: str, period: int,
+def storage_bounded(minute: list[dict[str, Any]], disk: str, log: str, cuts: Sequence[float],
                     state: str | None = None) -> dict[str, Any]:
     """Whether storage under periodic maintenance stays bounded.
 
     Between two maintenance runs the data files grow (each batch appends; VACUUM removes
-    what no version needs only when it runs), so the per-minute bytes are a sawtooth and a
-    median over a third of the run depends on where the teeth fall. What must not grow is
-    what survives maintenance: the data bytes (``disk`` minus the Delta ``log``) at their
-    minimum in each complete window of ``period`` samples (one maintenance run per window).
-    Bounded: the last window's minimum <= 1.25 x the previous window's, and, with ``state``
-    (live state bytes), the last third's median <= 1.25 x the middle third's. The Delta
-    log is reported apart: Delta deletes log files older than ``delta.logRetentionDuration``
-    only (cut to whole days), so within a soak it grows by one commit per batch."""
-    data = [None if m.get(disk) is None else m[disk] - (m.get(log) or 0) for m in minute]
-    windows = [data[i:i + period] for i in range(0, len(data) - period + 1, period)]
-    floors = [min((b for b in w if b is not None), default=None) for w in windows]
-    out: dict[str, Any] = {"period_samples": period, "data_floor_bytes": floors,
-                           "data_max_bytes": max((b for b in data if b is not None), default=None),
+    what no version needs only when it runs), so the per-minute bytes are a sawtooth. What
+    must not grow is what survives maintenance: the data bytes (``disk`` minus the Delta
+    ``log``) at their minimum in each window between two maintenance runs (``cuts``: the
+    seconds, on the samples' ``t_s`` clock, at which the runs ended; the window after the
+    last run counts too). Bounded: the last window's minimum <= 1.25 x the previous
+    window's, and, with ``state`` (live state bytes), the last third's median <= 1.25 x
+    the middle third's. The Delta log is reported apart: Delta deletes log files older than
+    ``delta.logRetentionDuration`` only (cut to whole days), so within a soak it grows by
+    one commit per batch."""
+    data = [(m["t_s"], None if m.get(disk) is None else m[disk] - (m.get(log) or 0))
+            for m in minute]
+    edges = [*sorted(cuts), float("inf")]
+    windows = [[b for t, b in data if lo <= t < hi and b is not None]
+               for lo, hi in itertools.pairwise(edges)]
+    floors = [min(w) for w in windows if w]
+    out: dict[str, Any] = {"maintenance_ended_s": [round(c, 1) for c in sorted(cuts)],
+                           "data_floor_bytes": floors,
+                           "data_max_bytes": max((b for _, b in data if b is not None),
+                                                 default=None),
                            "log_bytes_last": minute[-1].get(log) if minute else None}
-    ok = len(floors) >= 2 and None not in floors[-2:] and floors[-1] <= 1.25 * floors[-2]
+    ok = len(floors) >= 2 and floors[-1] <= 1.25 * floors[-2]
     if state is not None:
         xs = [m[state] for m in minute if m.get(state) is not None]
         n = len(xs)
