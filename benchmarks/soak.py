@@ -360,6 +360,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
 
     from jobs.definitions import FRAUD_PIPELINE
     from jobs.enrichment_pipeline import OUTPUTS
+    from jobs.fraud import FRAUD
     from jobs.microbatch import MicroBatchRunConfig
     from jobs.runs import MAINTENANCE_JOB, MICROBATCH_JOB
     from lakecast.tables import EVENTS
@@ -429,7 +430,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                 if r["job"] == job and r["status"] == "SUCCESS" and r["end_time"]]
 
     bounded = storage_bounded(rec["minute"], "fraud_state_disk_bytes", "fraud_state_log_bytes",
-                              ended(FRAUD_PIPELINE.maintenance_job_name),
+                              ended(FRAUD.maintenance_job_name),
                               state="fraud_state_state_bytes")
     snapshot_data = storage_bounded(rec["minute"], "snapshot_bytes", "snapshot_log_bytes",
                                     ended(MAINTENANCE_JOB))
