@@ -132,7 +132,7 @@ def test_clear_errors(spark, replay_lake, capsys):
         (["enrichment", "--from", "1", "--to", "0"], "--from 1 is after --to 0"),
         (["enrichment", "--into", ENRICHED_EVENTS], "is a table of pipeline 'enrichment'"),
         (["enrichment", "--state", "yesterday"], "is not 'original', 'latest' or a timestamp"),
-        (["fraud"], "pipeline 'fraud' is keyed"),
+        (["fraud"], "pipeline 'fraud' has no committed batches yet: run it first"),
     ]
     for args, message in cases:
         assert cli.main(["replay", *args]) == 2, args

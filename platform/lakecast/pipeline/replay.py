@@ -15,10 +15,18 @@ previous commit left — with the broadcast tables at a chosen state:
 Events the replay holds (state still missing) are re-offered to the next replayed batch,
 as the pipeline does. The main output rows go to ``into`` (replaced by each replay) with
 the column :data:`REPLAY_BATCH` naming the batch; nothing of the pipeline is written:
-not its outputs, its progress log or its checkpoints. A replay runs a fresh
-:class:`~lakecast.runtime.broadcast.BroadcastRuntime` (its own worker cache), collects
-each batch to the driver (Arrow) and writes it with delta-rs. Keyed pipelines are not
-supported: their replay needs the keyed state as of the first batch.
+not its outputs, its progress log, its checkpoints or its keyed state table. A replay
+runs a fresh runtime (its own worker cache), collects each batch to the driver (Arrow)
+and writes it with delta-rs.
+
+Keyed pipelines (:mod:`.replay_keyed`) start from their keyed state as of the batch
+before ``first`` (empty for the first batch), copied into the scratch table
+``<into>_keyed_state`` (replaced by each replay), which the replay advances batch by
+batch. With ``latest`` or a timestamp, that state (built by the original broadcast
+versions) meets the chosen versions at ``first``, as it would a new broadcast version:
+the function's broadcast handler sees the changes (e.g. a changed rule's flags are
+dropped); keyed state cannot go back, so versions older than the ones that state has
+seen are refused (replay from an earlier batch, or from the first).
 """
 
 from __future__ import annotations
@@ -27,18 +35,22 @@ import datetime as dt
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.pipeline.held import HELD_SIDE
 from lakecast.pipeline.micro_batch import REASON_COLUMN, MicroBatchPipeline
 from lakecast.pipeline.progress import BatchCommit, BatchPlan
+from lakecast.pipeline.replay_keyed import STATE_SUFFIX, KeyedReplay, start_meta
 from lakecast.runtime.broadcast import BroadcastRuntime
+from lakecast.runtime.keyed import KeyedBroadcastRuntime
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    from lakecast.runtime.collected import CollectedOutput
 
 ORIGINAL, LATEST = "original", "latest"
 #: the replay table's column naming the replayed batch
@@ -169,30 +181,87 @@ def batch_input(pipeline: MicroBatchPipeline, plan: BatchPlan, prev: BatchCommit
     return valid, n if n is not None else events.count()
 
 
+class Runner(Protocol):
+    """Runs one replayed batch (collected as Arrow); closed after the last."""
+
+    def run(self, events: DataFrame, plan: BatchPlan) -> CollectedOutput: ...
+
+    def close(self) -> None: ...
+
+
+class BroadcastReplay:
+    """A fresh :class:`BroadcastRuntime` like the pipeline's (its own worker cache)."""
+
+    def __init__(self, live: BroadcastRuntime) -> None:
+        function = getattr(live, "user_function", live.function)  # unwrapped (snapshotting)
+        self.runtime = BroadcastRuntime(
+            live.spark, function, live.tables, timestamp_column=live.timestamp_column,
+            parallelism=live.parallelism, state_budget_bytes=live.state_budget_bytes,
+            reload_if=live.reload_if)
+
+    def run(self, events: DataFrame, plan: BatchPlan) -> CollectedOutput:
+        return self.runtime.process_batch(events, plan).collect()
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def keyed_start(pipeline: MicroBatchPipeline, prev: BatchCommit | None, state: str,
+                fixed: Mapping[str, int] | None) -> int | None:
+    """The version of the keyed state table the replay starts from: the one ``prev``
+    (the commit before the first replayed batch) recorded (``None``: empty state); a
+    :class:`ReplayError` when it is unknown or has seen newer broadcast versions than
+    ``fixed``."""
+    spec, live = pipeline.spec, pipeline.runtime
+    table = spec.state_table
+    assert isinstance(live, KeyedBroadcastRuntime) and table is not None
+    if prev is None:
+        return None
+    if not prev.output_versions:
+        raise ReplayError(
+            f"batch {prev.batch_id} of {spec.name!r} was committed without output versions "
+            f"(an older progress log): the version of {table} as of it is unknown; replay "
+            f"from the first batch (omit --from)")
+    version = prev.output_versions.get(table, -1)
+    if version < 0:
+        return None
+    meta = start_meta(live, version)
+    seen = {} if meta is None else meta.broadcast_versions
+    back = {} if fixed is None else {t: v for t, v in seen.items() if fixed.get(t, -1) < v}
+    if fixed is not None and back:
+        raise ReplayError(
+            f"--state {state} gives {describe(fixed)}, but the keyed state of "
+            f"{spec.name!r} after batch {prev.batch_id} ({table}@v{version}) has seen "
+            f"{describe(back)}: keyed state cannot go back to older broadcast versions; give "
+            f"--from a batch whose previous batch ran at those versions or older, or omit "
+            f"--from (the first batch starts from empty state)")
+    return version
+
+
 def replay(pipeline: MicroBatchPipeline, into: str, *, first: int | None = None,
            last: int | None = None, state: str = ORIGINAL,
            on_batch: Callable[[ReplayedBatch], None] | None = None) -> list[ReplayedBatch]:
     """Replay committed batches ``first..last`` of ``pipeline`` at ``state`` (see the
     module docstring) into the table ``into`` (replaced)."""
-    spec = pipeline.spec
-    if spec.state_table is not None or not isinstance(pipeline.runtime, BroadcastRuntime):
-        raise ReplayError(
-            f"pipeline {spec.name!r} is keyed: replaying it needs its keyed state "
-            f"({spec.state_table}) as of the first replayed batch, which replay does not "
-            f"support yet; replay a broadcast pipeline (e.g. enrichment)")
+    spec, live = pipeline.spec, pipeline.runtime
+    keyed = isinstance(live, KeyedBroadcastRuntime)
+    if not keyed and (spec.state_table is not None or not isinstance(live, BroadcastRuntime)):
+        raise ReplayError(f"pipeline {spec.name!r} runs on {type(live).__name__}, which "
+                          f"replay does not support (a broadcast or keyed runtime only)")
     own = {spec.events_table, *spec.broadcast_tables, *spec.output_tables}
-    if into in own:
-        raise ReplayError(f"--into {into} is a table of pipeline {spec.name!r}; a replay "
-                          f"never writes those: name another table (default "
-                          f"{spec.output_table}_replay)")
+    for name in (into, f"{into}{STATE_SUFFIX}") if keyed else (into,):
+        if name in own:
+            raise ReplayError(f"--into {into}: {name} is a table of pipeline {spec.name!r}; "
+                              f"a replay never writes those: name another table (default "
+                              f"{spec.output_table}_replay)")
     prev, batches = select(history(pipeline), spec.name, first, last)
     fixed = fixed_state(pipeline, state)
-    live = pipeline.runtime
-    function = getattr(live, "user_function", live.function)  # unwrapped (snapshotting)
-    runtime = BroadcastRuntime(
-        pipeline.spark, function, live.tables, timestamp_column=live.timestamp_column,
-        parallelism=live.parallelism, state_budget_bytes=live.state_budget_bytes,
-        reload_if=live.reload_if)
+    runner: Runner
+    if isinstance(live, KeyedBroadcastRuntime):
+        start = keyed_start(pipeline, prev, state, fixed)
+        runner = KeyedReplay(live, pipeline.table_path(f"{into}{STATE_SUFFIX}"), start)
+    else:
+        runner = BroadcastReplay(live)
     held = pipeline.held
     held_rows = held.prior(prev.output_versions) if held is not None and prev else None
     path, out = pipeline.table_path(into), []
@@ -205,7 +274,7 @@ def replay(pipeline: MicroBatchPipeline, into: str, *, first: int | None = None,
                 valid = held.offer(valid, held_rows)
             at = replace(plan, broadcast_versions=dict(plan.broadcast_versions
                                                        if fixed is None else fixed))
-            result = runtime.process_batch(valid, at).collect()
+            result = runner.run(valid, at)
             if held is not None:
                 settled = held.settle(result.sides.get(HELD_SIDE), held_rows, columns, plan)
                 held_rows = settled.held if settled.held.num_rows else None
@@ -217,7 +286,7 @@ def replay(pipeline: MicroBatchPipeline, into: str, *, first: int | None = None,
                 on_batch(done)
             prev = commit
     finally:
-        runtime.close()
+        runner.close()
     return out
 
 

@@ -191,6 +191,18 @@ class KeyedBroadcastRuntime:
     def function_id(self) -> str:
         return self.broadcast.function_id
 
+    def replica(self, state_path: str) -> KeyedBroadcastRuntime:
+        """The same function, tables and settings over the keyed state at ``state_path``
+        (e.g. a replay's copy, :meth:`KeyedStateStore.copy_to`), with a worker cache of
+        its own (a fresh function id)."""
+        return KeyedBroadcastRuntime(
+            self.spark, self.function, self.tables, state_path,
+            timestamp_column=self.timestamp_column, order_columns=self.order_columns,
+            watermark_delay_ms=self.watermark_delay_ms, key_groups=self.key_groups,
+            parallelism=self.parallelism, lineage=self.broadcast.lineage,
+            state_budget_bytes=self.broadcast.state_budget_bytes, max_chain=self.max_chain,
+            compact_every=self.store.compact_every)
+
     # -- keyed state: which version feeds a batch -------------------------------------
     def state_before(self, batch_id: int) -> tuple[int | None, StateMeta]:
         """The state table version (and its meta) that batch ``batch_id`` starts from:
@@ -333,12 +345,14 @@ class KeyedBroadcastRuntime:
         return state.select(*cols, F.lit(0).cast("int").alias(KIND), F.col(GROUP),
                             F.col(KEY), F.col(STATE), F.col(BATCH), F.col(DUE))
 
-    def commit(self, result: KeyedResult) -> int:
+    def commit(self, result: KeyedResult, changes: pa.Table | None = None) -> int:
         """Persist the batch's keyed state (after its outputs are written): append its
         changed rows and meta row, compacting every ``compact_every`` batches; returns
-        the state table version. Idempotent: a batch already committed is not appended
-        again."""
-        changes = result.state_changes.toArrow()
+        the state table version. ``changes``: the changed rows when the result was
+        already collected (its :data:`STATE_SIDE` side; default: computed from
+        ``result``). Idempotent: a batch already committed is not appended again."""
+        if changes is None:
+            changes = result.state_changes.toArrow()
         version = self.store.commit(changes, result.meta)
         self._chain_to(result.meta.broadcast_versions)
         return version

@@ -224,6 +224,33 @@ class KeyedStateStore:
             n, version = n + 1, version - 1
         return n
 
+    def copy_to(self, path: str, version: int | None) -> KeyedStateStore:
+        """A store at ``path`` (another table: this one is only read) whose newest version
+        holds the state of this table's ``version`` (``None``: empty state), compacted,
+        with its meta; what ``path`` held before is replaced (one commit). For a replay:
+        a runtime pointed at the copy continues from that state without touching this
+        table."""
+        copy = KeyedStateStore(self.spark, path, self.key_groups, self.compact_every)
+        copy.driver_compact_rows = self.driver_compact_rows
+        meta = None if version is None else self.meta_at(version)
+        if meta is None:  # no state yet: an empty table (no meta row, so no meta)
+            delta_io.overwrite_arrow(STORE_SCHEMA.empty_table(), path, create=True,
+                                     replace_schema=True)
+            return copy
+        assert version is not None
+        try:
+            files = delta_io.table_files(self.path, version)
+        except delta_io.DirectReadUnsupported:
+            files = None
+        if files is not None and files.num_rows <= self.driver_compact_rows:
+            delta_io.overwrite_arrow(newest_rows(files.read()), path, create=True,
+                                     replace_schema=True, user_metadata=_tag(COMPACT, meta))
+        else:
+            (self.current(version).write.format("delta").mode("overwrite")
+             .option("overwriteSchema", "true").option("userMetadata", _tag(COMPACT, meta))
+             .save(path))
+        return copy
+
     def compact(self) -> int:
         """Rewrite the table to its newest non-tombstone row per key (one commit, the
         same state) and checkpoint the log there; returns the version committed. A table
