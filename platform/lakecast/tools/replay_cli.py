@@ -5,11 +5,14 @@
     lakecast replay enrichment --from 3 --to 7                     # audit: --state original
     lakecast replay enrichment --state latest                      # today's broadcast tables
     lakecast replay enrichment --state "2026-11-22 03:40:00" --into what_if
+    lakecast replay fraud --from 12                                # keyed: from batch 11's state
 
 ``--from``/``--to``: committed batch ids (default: all); ``--state original`` (each
 batch's own broadcast versions: must reproduce the output exactly; exit code 1 when it
 does not), ``latest`` or a UTC timestamp. Rows go to ``--into`` (default
-``<output>_replay``), replaced by each replay. See :mod:`lakecast.pipeline.replay`.
+``<output>_replay``), replaced by each replay; a keyed pipeline's replay starts from its
+keyed state as of the batch before ``--from``, copied to ``<into>_keyed_state``. See
+:mod:`lakecast.pipeline.replay`.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def add_parser(sub: Any) -> None:
                                       "(audit, or what-if with other broadcast versions)",
                        description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pipeline", help="pipeline name (e.g. enrichment)")
+    p.add_argument("pipeline", help="pipeline name (e.g. enrichment, fraud)")
     p.add_argument("--from", dest="first", type=int, default=None,
                    help="first committed batch id to replay (default: the first)")
     p.add_argument("--to", dest="last", type=int, default=None,
