@@ -170,3 +170,40 @@ def test_newest_rows_keeps_each_keys_newest_row_and_drops_tombstones():
         got = newest_rows(table).to_pylist()
         assert {(r["_key_group"], r["_key"]): r["_state"] for r in got} == want
         assert len(got) == len(want)
+
+
+@pytest.mark.parametrize("spark_copy", [False, True], ids=["driver", "spark"])
+def test_a_copy_of_a_version_carries_on_as_the_table_did(spark, tmp_path, spark_copy):
+    """``copy_to`` (a replay's scratch state): one compacted commit holding a version's
+    state and meta, from which a replica runtime redoes the later batches exactly; the
+    source table is only read; a copy of no version is empty state."""
+    paths = kj.table_paths(str(tmp_path))
+    kj.write_thresholds(spark, paths["thresholds"], BIG, mode="overwrite")
+    states: list[dict] = []
+    kj.reference(((kj.events_for(b), BIG) for b in range(3)), states)
+    outs = [_batch(spark, paths, b)[0] for b in range(3)]
+    path, scratch = paths["keyed_state"], str(tmp_path / "scratch")
+    source = delta_io.latest_version(path, spark)
+    rt = _runtime(spark, paths, 2, 2)
+    if spark_copy:
+        rt.store.driver_compact_rows = 0
+    rt.store.copy_to(scratch, 0)  # the version batch 0 wrote
+    assert _ops(spark, scratch) == ["compact"]
+    b, state, rows = _table_state(spark, scratch, 0)
+    assert (b, state, rows) == (0, states[0], len(states[0]) + 1)  # one row per key + meta
+    replica = rt.replica(scratch)
+    assert replica.function_id != rt.function_id
+    for b in (1, 2):
+        events = spark.createDataFrame(kj.events_for(b), kj.EVENTS_SCHEMA)
+        result = replica.process(events, batch_id=b, processing_time=b).persist()
+        assert sorted(kj.rows(result.main.collect()), key=repr) == sorted(outs[b], key=repr)
+        version = replica.commit(result)
+        result.unpersist()
+        assert _table_state(spark, scratch, version)[:2] == (b, states[b])
+    replica.close()
+    rt.store.copy_to(scratch, None)  # replaced: no state
+    empty = delta_io.latest_version(scratch, spark)
+    assert delta_io.read(spark, scratch, version=empty).count() == 0
+    assert replica.store.state_before(0)[0] is None
+    assert delta_io.latest_version(path, spark) == source
+    rt.close()
