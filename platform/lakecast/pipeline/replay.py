@@ -227,8 +227,9 @@ def keyed_start(pipeline: MicroBatchPipeline, prev: BatchCommit | None, state: s
         return None
     meta = start_meta(live, version)
     seen = {} if meta is None else meta.broadcast_versions
-    back = {} if fixed is None else {t: v for t, v in seen.items() if fixed.get(t, -1) < v}
-    if fixed is not None and back:
+    back = {t: v for t, v in seen.items() if fixed is not None and fixed.get(t, -1) < v}
+    if back:
+        assert fixed is not None
         raise ReplayError(
             f"--state {state} gives {describe(fixed)}, but the keyed state of "
             f"{spec.name!r} after batch {prev.batch_id} ({table}@v{version}) has seen "
