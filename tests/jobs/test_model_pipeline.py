@@ -50,6 +50,7 @@ from jobs.scoring import (
 from lakecast.delta import io as delta_io
 from lakecast.runtime.executor import VERSION_COLUMN
 from lakecast.tables import USER_FEATURES, USER_SEGMENTS
+from lakecast.tools import cli
 from tests.assets.conftest import QUIET
 from tests.assets.test_columns import MODEL_TABLES, column_mismatches
 
@@ -231,7 +232,8 @@ def run_scoring(instance: DagsterInstance, cursor: str | None,
     return meta, tick.cursor
 
 
-def test_models_trained_twice_and_every_prediction_matches_its_model_version(spark, lake):
+def test_models_trained_twice_and_every_prediction_matches_its_model_version(spark, lake,
+                                                                             capsys):
     feats_path = lake.table_path(USER_FEATURES)
     batches: list[list[Row]] = []
     metas: list[dict[str, Row]] = []
@@ -308,6 +310,27 @@ def test_models_trained_twice_and_every_prediction_matches_its_model_version(spa
     # checkpoint yet, every 10 batches: the snapshot table's columns, SnapshotStore's, are
     # checked through enrichment_snapshots in tests/assets/test_columns.py)
     assert not column_mismatches(spark, lake, MODEL_TABLES - {"scoring_snapshots"})
+
+    # `lakecast replay scoring`: the audit reproduces every prediction; with the newest
+    # valid models (v1: v2 is refused) the first batch is scored by v1 too
+    assert cli.main(["replay", "scoring", "--state", "original"]) == 0
+    out = capsys.readouterr().out
+    assert f"MATCH: batches 0..1 replayed {len(preds)} rows" in out, out
+    assert cli.main(["replay", "scoring", "--state", "latest"]) == 0
+    events_by_id = {e["event_id"]: e for events in batches for e in events
+                    if e["event_id"] not in bad_ids}
+    what_if = rows_of(spark, lake, f"{PREDICTIONS}_replay")
+    assert sorted(p["event_id"] for p in what_if) == sorted(
+        i for i, e in events_by_id.items() if expected_model(params[1], e) is not None)
+    for p in what_if:
+        e = events_by_id[p["event_id"]]
+        model = expected_model(params[1], e)
+        z = model["intercept"] + sum(c * e[f] for f, c in
+                                     zip(model["features"], model["coefficients"],
+                                         strict=True))  # fmt: skip
+        assert (p["model_id"], p["model_version"]) == (model["model_id"], 1)
+        assert p["score"] == pytest.approx(sigmoid(z), rel=1e-9, abs=1e-12)
+    assert any(preds[p["event_id"]]["model_version"] == 0 for p in what_if)
 
 
 def test_definitions_hold_the_models_asset_and_the_scoring_pipeline():

@@ -126,7 +126,7 @@ def test_versions_as_of_a_timestamp(spark, replay_lake):
 
 def test_clear_errors(spark, replay_lake, capsys):
     cases = [
-        (["nope"], "no pipeline 'nope' in jobs.registry (known: enrichment, fraud)"),
+        (["nope"], "no pipeline 'nope' in jobs.registry (known: enrichment, fraud, scoring)"),
         (["enrichment", "--from", "5"], "--from 5 is not a committed batch (committed "
                                          "batches of 'enrichment': 0..1)"),
         (["enrichment", "--from", "1", "--to", "0"], "--from 1 is after --to 0"),
