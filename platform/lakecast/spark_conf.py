@@ -30,6 +30,9 @@ BUILTIN_DEFAULTS: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # plans of wide tables (the outputs' columns) print whole: no "Truncated the string
+    # representation of a plan" WARN once per session
+    "spark.sql.debug.maxToStringFields": "500",
     # Every Delta table Lakecast creates records its Change Data Feed.
     "spark.databricks.delta.properties.defaults.enableChangeDataFeed": "true",
     # loopback only: the driver, its block manager and RPC never bind another address

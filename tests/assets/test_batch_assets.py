@@ -11,10 +11,8 @@ import pandas as pd
 from dagster import (
     AssetCheckKey,
     AssetKey,
-    DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
-    EventRecordsFilter,
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
@@ -76,10 +74,8 @@ def _materializations(result, key: str) -> list:
 
 def _by_partition(instance: DagsterInstance, key: str) -> dict[str, dict]:
     """The latest materialization metadata of each partition of ``key`` (plain values)."""
-    records = instance.get_event_records(
-        EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(key)),
-        ascending=True,
-    )
+    records = instance.fetch_materializations(AssetKey(key), limit=10_000,
+                                              ascending=True).records
     return {
         r.partition_key: {k: v.value for k, v in r.asset_materialization.metadata.items()}
         for r in records
@@ -173,9 +169,7 @@ def test_cli_backfill_matches_pandas_quarantine_reconciles_and_reruns_change_not
         runs = {
             r.run_id
             for k in (USER_SEGMENTS, USER_FEATURES)
-            for r in instance.get_event_records(
-                EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(k))
-            )
+            for r in instance.fetch_materializations(AssetKey(k), limit=10_000).records
         }
         assert runs == {run_id}
         checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(

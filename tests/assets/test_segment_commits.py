@@ -8,7 +8,7 @@ from datetime import date
 
 import pandas as pd
 import pyarrow as pa
-from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
+from dagster import AssetKey, DagsterInstance
 from deltalake import DeltaTable
 
 from lakecast.delta import io as delta_io
@@ -101,12 +101,8 @@ def test_daily_commits_hold_exactly_the_users_whose_record_changed(spark, lake):
 
     # each partition's materialization carries its own day's changed users and input rows
     with DagsterInstance.get() as instance:
-        records = instance.get_event_records(
-            EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(USER_SEGMENTS))
-        )
-        feats = instance.get_event_records(
-            EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, AssetKey(USER_FEATURES))
-        )
+        records = instance.fetch_materializations(AssetKey(USER_SEGMENTS), limit=10_000).records
+        feats = instance.fetch_materializations(AssetKey(USER_FEATURES), limit=10_000).records
     meta = {r.partition_key: r.asset_materialization.metadata for r in records}
     assert sorted(meta) == WEEK.day_keys and len({r.partition_key for r in feats}) == len(days)
     for day, snapshot, n in steps:
