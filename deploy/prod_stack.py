@@ -93,6 +93,17 @@ class Stack:
         (self.root / "stack.json").write_text(json.dumps(
             {"pg_port": self.pg.port, "web_port": self.web_port}))
 
+    def _migrate(self) -> None:
+        """Create (or upgrade) the instance's tables once, before the daemon and the
+        webserver start: on a fresh database both would create them at once, and the loser
+        of that race exits (a duplicate ``alembic_version`` table)."""
+        out = subprocess.run([str(Path(sys.executable).parent / "dagster"), "instance",
+                              "migrate"], cwd=PROJECT_ROOT, env=self.dagster_env(),
+                             capture_output=True, text=True, timeout=300, check=False)
+        if out.returncode != 0:
+            raise StackError(f"dagster instance migrate failed (exit {out.returncode}): "
+                             f"{(out.stderr or out.stdout)[-2000:]}")
+
     def _start_dagster(self, name: str) -> None:
         """Start ``name`` in a process group of its own (its code server and runs join it)."""
         if self.pid(name) is not None:
@@ -120,8 +131,10 @@ class Stack:
         while time.monotonic() < deadline and not (web_ok and daemon_ok):
             for name in DAGSTER_PROCS:
                 if self.pid(name) is None:
-                    raise StackError(f"dagster-{name} exited while starting: see "
-                                     f"{self.logs / (name + '.log')}")
+                    log = self.logs / (name + ".log")
+                    tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+                    raise StackError(f"dagster-{name} exited while starting: see {log}; its "
+                                     f"last lines:\n" + "\n".join(tail))
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     web_ok = resp.status == 200
@@ -141,6 +154,8 @@ class Stack:
         try:
             self._start_postgres()
             self._write_instance()
+            if not all(self.pid(n) for n in DAGSTER_PROCS):
+                self._migrate()
             for name in DAGSTER_PROCS:
                 self._start_dagster(name)
             self._wait_ready()
