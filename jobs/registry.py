@@ -22,7 +22,6 @@ from lakecast.pipeline.micro_batch import MicroBatchPipeline
 __all__ = ["PIPELINES"]
 
 
-
 def build_scoring(spark: Any, settings: Settings) -> MicroBatchPipeline:
     """The ``scoring`` pipeline (:data:`jobs.scoring.SCORING`)."""
     from jobs.scoring import SCORING
