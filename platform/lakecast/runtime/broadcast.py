@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -46,6 +46,7 @@ from lakecast.runtime.executor import (
     OutputLayout,
     version_json,
 )
+from lakecast.runtime.joins import not_joinable, plan_joins
 from lakecast.runtime.metrics import (
     BUDGET_FIX,
     DEFAULT_STATE_BUDGET_BYTES,
@@ -61,6 +62,10 @@ if TYPE_CHECKING:
 
     from lakecast.pipeline.contract import BatchOutput
     from lakecast.pipeline.progress import BatchPlan
+
+
+Execution = Literal["tasks", "joins"]
+EXECUTIONS: tuple[str, ...] = ("tasks", "joins")
 
 
 class BroadcastRuntime:
@@ -84,9 +89,18 @@ class BroadcastRuntime:
         function_id: str | None = None,
         parallelism: int | None = None,
         reload_if: Callable[[str, int, int], str | None] | None = None,
+        execution: Execution = "tasks",
     ) -> None:
         if not tables:
             raise ValueError("BroadcastRuntime needs at least one broadcast table")
+        if execution not in EXECUTIONS:
+            raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        why = not_joinable(function) if execution == "joins" else None
+        if why:
+            raise ValueError(f"execution='joins': {why}")
+        #: ``"tasks"``: task-local state in the Python workers; ``"joins"``: a pure
+        #: ``enrich(Lookup...)`` as Spark broadcast joins (:mod:`lakecast.runtime.joins`)
+        self.execution = execution
         self.spark = spark
         self.function = function
         self.tables = dict(tables)
@@ -243,6 +257,8 @@ class BroadcastRuntime:
         from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
         t0 = time.perf_counter()
+        if self.execution == "joins":
+            return self._process_joins(events, until, t0)
         new = self.refresh(until) if refresh or not self._chain else []
         refresh_s = time.perf_counter() - t0
         if self._tz is None:
@@ -275,10 +291,25 @@ class BroadcastRuntime:
             frame, layout, dict(self.version), new, self.state_budget_bytes, refresh_s
         )
 
+    def _process_joins(self, events: DataFrame, until: Mapping[str, int] | None,
+                       t0: float) -> BroadcastResult:
+        """``execution="joins"``: the tables time-travelled to ``until`` (or their newest
+        versions), broadcast-joined to the events by Spark."""
+        if until is None:
+            latest = latest_versions(self.tables, self.spark)
+            until = {t: v for t, v in latest.items() if v is not None}
+        self.version = dict(until)
+        result = plan_joins(self.spark, self.function, self.tables, self.version, events,
+                            self.lineage, self.function_id, self.state_budget_bytes)
+        result.refresh_seconds = time.perf_counter() - t0
+        return result
+
     def warm_up(self, events: DataFrame, until: Mapping[str, int] | None = None) -> int:
         """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``:
         the batches' input, for its schema), so that a first batch runs warm; returns the
-        tasks that were cold."""
+        tasks that were cold (none with ``execution="joins"``: there is no task state)."""
+        if self.execution == "joins":
+            return 0
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.refresh(until)

@@ -1,0 +1,221 @@
+"""A pure lookup enrichment planned as Spark broadcast hash joins: ``execution="joins"``.
+
+An :func:`~lakecast.api.enrich.enrich` of :class:`~lakecast.api.enrich.Lookup` s with
+nothing else (no ``transform``, no own ``process_batch``) needs no Python in the tasks:
+each lookup is a left join of the events with its broadcast table **time-travelled to the
+run's pinned Delta version** (``versionAsOf``), hinted ``F.broadcast`` — Spark then ships
+the table once per executor and every task probes its hash relation, the same task-local
+copy of one state version. :func:`plan_joins` builds the run's one-pass frame in the
+layout the task plan uses (:class:`~lakecast.runtime.executor.OutputLayout`), with the same
+semantics:
+
+* defaults fill an output column only for events whose key has **no row** (a matched row's
+  null stays null), as :meth:`~lakecast.api.enrich.Enrichment.process_batch` does;
+* ``on_missing="unmatched"`` / ``"hold"`` route key misses to those side outputs (hold
+  wins), carrying the input event columns;
+* ``_state_version`` is the pinned version vector as a literal;
+* the accounting is one row for the whole job (:data:`JOIN_CACHE`, no Python tasks): the
+  joined rows and each output's rows, counted by one Spark ``Observation`` during the
+  first action. A left join emits one row per event when the table's keys are unique (a
+  version with duplicate keys is refused by the pipeline's gate); the pipeline reconciles
+  these rows against the events it counted itself, so a join that duplicated events fails.
+
+When it pays: one large cold batch (a backfill, a replay, ``benchmarks.broadcast_enrichment``
+(a)) — no Arrow round trip through the Python workers. Warm micro-batches against a large
+table are cheaper on task-local state (``execution="tasks"``, the default): a join reads
+and broadcasts the whole table every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from lakecast.api.enrich import Enrichment
+from lakecast.errors import LakecastError
+from lakecast.runtime.collected import CollectedOutput
+from lakecast.runtime.executor import (
+    OUTPUT_COLUMN,
+    SIDE_PREFIX,
+    VERSION_COLUMN,
+    OutputLayout,
+    version_json,
+)
+from lakecast.runtime.metrics import TASK_ROW_SCHEMA
+from lakecast.runtime.result import BroadcastResult
+from lakecast.spark import observed_metrics
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation, SparkSession
+
+#: ``TaskMetrics.cache`` of the joins plan's one accounting row (no Python task state)
+JOIN_CACHE = "join"
+#: the hooks a joinable function must leave as :class:`Enrichment` defines them
+_HOOKS = ("process_batch", "transform", "process_broadcast_element", "process_element",
+          "output_schema", "state_descriptors", "bind_tables")
+
+
+def not_joinable(function: object) -> str | None:
+    """Why ``function`` cannot run as broadcast joins (``None``: it can)."""
+    if not isinstance(function, Enrichment):
+        return (f"{type(function).__name__} is not an enrich(Lookup, ...) Enrichment: only "
+                "pure lookups can be planned as joins")
+    changed = [h for h in _HOOKS if getattr(type(function), h) is not getattr(Enrichment, h)]
+    if changed:
+        return (f"{type(function).__name__} overrides {', '.join(changed)}: Python logic "
+                "runs in the tasks; use execution='tasks'")
+    return None
+
+
+def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, str],
+               versions: Mapping[str, int], events: DataFrame, lineage: bool,
+               function_id: str, budget_bytes: int) -> JoinedResult:
+    """The run of ``function`` over ``events`` at ``versions`` as broadcast joins (lazy)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    missing = [lk.table for lk in function.lookups if lk.table not in versions]
+    if missing:
+        raise LakecastError(f"broadcast tables {missing} have no version yet: write them "
+                            "before enriching against them")
+    dims = {lk.table: _read(spark, tables[lk.table], versions[lk.table])
+            for lk in function.lookups}
+    schemas = {t: to_arrow_schema(d.schema, timezone="UTC") for t, d in dims.items()}
+    function.bind_tables(schemas)
+    tz = spark.conf.get("spark.sql.session.timeZone", "UTC")
+    layout = OutputLayout.of(function, to_arrow_schema(events.schema, timezone=tz), lineage)
+    main_types = {f.name: f.dataType
+                  for f in from_arrow_schema(layout.main, prefer_timestamp_ntz=False).fields}
+    inputs = list(events.columns)
+    tag = uuid.uuid4().hex[:12]
+    frame = events
+    misses: dict[str, list[Any]] = {"unmatched": [], "hold": []}
+    added: list[Any] = []
+    for i, lk in enumerate(function.lookups):
+        pairs = lk.column_pairs(schemas[lk.table])
+        keys = [(e, s, f"__lk{i}_k{j}") for j, (e, s) in enumerate(lk.key_pairs)]
+        matched = f"__lk{i}_m"
+        dim = dims[lk.table].select(
+            *[F.col(f"`{s}`").alias(k) for _, s, k in keys],
+            *[F.col(f"`{s}`").alias(f"__lk{i}_v{j}") for j, (s, _) in enumerate(pairs)],
+            F.lit(True).alias(matched))
+        cond = [frame[f"`{e}`"] == dim[k] for e, _, k in keys]
+        frame = frame.join(F.broadcast(dim), cond, "left").drop(*[k for _, _, k in keys])
+        for j, (_, out) in enumerate(pairs):
+            value = F.col(f"__lk{i}_v{j}").cast(main_types[out])
+            default = lk.defaults.get(out)
+            if default is not None:
+                value = F.when(F.col(matched).isNull(),
+                               F.lit(default).cast(main_types[out])).otherwise(value)
+            added.append(value.alias(out))
+        policy = function.policy(lk)
+        if policy in misses:
+            misses[policy].append(F.col(matched).isNull())
+    held = _any(misses["hold"])
+    unmatched = _any(misses["unmatched"])
+    route = F.lit(None).cast("string")
+    if unmatched is not None:
+        route = F.when(unmatched, F.lit("unmatched")).otherwise(route)
+    if held is not None:
+        route = F.when(held, F.lit("held")).otherwise(route)
+    spark_layout = from_arrow_schema(layout.schema, prefer_timestamp_ntz=False)
+    frame = frame.select(*[F.col(f"`{c}`") for c in inputs], *added, route.alias(OUTPUT_COLUMN))
+    event_struct = F.struct(*[F.col(f"`{c}`") for c in inputs])
+    routed = {"unmatched": unmatched is not None, "held": held is not None}
+    sides = {}
+    for name in layout.sides:
+        struct_type = spark_layout[SIDE_PREFIX + name].dataType
+        if routed.get(name):
+            sides[SIDE_PREFIX + name] = F.when(F.col(OUTPUT_COLUMN) == F.lit(name),
+                                               event_struct.cast(struct_type))
+        else:  # declared, never emitted (a pure enrichment has no ctx.output of its own)
+            sides[SIDE_PREFIX + name] = F.lit(None).cast(struct_type)
+    if sides:
+        frame = frame.withColumns(sides)
+    if lineage:
+        frame = frame.withColumn(VERSION_COLUMN, F.lit(version_json(versions)))
+    observation = Observation(f"lakecast-joins-{tag}")
+    counts = [F.count(F.lit(1)).alias("events_in")]
+    if layout.sides:  # else every event is a main row
+        counts.append(F.count_if(F.col(OUTPUT_COLUMN).isNull()).alias("rows_main"))
+        counts += [F.count_if(F.col(OUTPUT_COLUMN) == F.lit(n)).alias(n) for n in layout.sides]
+    frame = frame.observe(observation, *counts)
+    run = JoinRun(function_id, dict(versions), observation)
+    return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
+
+
+def _read(spark: SparkSession, path: str, version: int) -> DataFrame:
+    from lakecast.delta import io as delta_io
+
+    return delta_io.read(spark, path, version=version)
+
+
+def _any(conditions: list[Any]) -> Any:
+    out = None
+    for c in conditions:
+        out = c if out is None else (out | c)
+    return out
+
+
+@dataclass(frozen=True)
+class JoinRun:
+    """What the accounting row of a joins run is made of."""
+
+    function_id: str
+    versions: dict[str, int]
+    counts: Observation
+
+
+@dataclass
+class JoinedResult(BroadcastResult):
+    """A :class:`BroadcastResult` whose accounting is ONE row for the whole join job,
+    from an observation of the first action on the frame (there are no Python tasks)."""
+
+    joins: JoinRun | None = None
+
+    @property
+    def main(self) -> DataFrame:
+        """Main output rows; without side outputs, every row (no filter to run)."""
+        if self.layout.sides:
+            return super().main
+        return self.frame.drop(OUTPUT_COLUMN)
+
+    def observe(self) -> JoinedResult:
+        """Nothing to add: the joins are observed already."""
+        return self
+
+    def task_rows(self) -> list[dict[str, Any]]:
+        if self._task_rows is not None:
+            return self._task_rows
+        assert self.joins is not None
+        seen = observed_metrics(self.joins.counts)
+        if seen is None:
+            raise LakecastError(
+                "no action has consumed this joins result yet (or the Spark Connect server "
+                "did not report its metrics): run the action (e.g. write result.main) "
+                "before reading its metrics")
+        sides = {n: int(seen[n]) for n in self.layout.sides if int(seen[n])}
+        events_in = int(seen["events_in"])
+        row = {
+            "task": 0, "pid": os.getpid(), "function_id": self.joins.function_id,
+            "cache": JOIN_CACHE, "elements_applied": len(self.joins.versions),
+            "rows_applied": 0, "state_version": json.dumps(self.joins.versions, sort_keys=True),
+            "state_bytes": 0, "events_in": events_in,
+            "rows_main": int(seen["rows_main"]) if self.layout.sides else events_in,
+            "rows_side": json.dumps(sides, sort_keys=True), "apply_seconds": 0.0,
+            "process_seconds": 0.0, "attempt": 0, "executor": "spark",
+        }
+        assert set(row) == set(TASK_ROW_SCHEMA.names)
+        self._task_rows = [row]
+        return self._task_rows
+
+    def collect(self, extra: DataFrame | None = None) -> CollectedOutput:
+        out = super().collect(extra)
+        self._task_rows = None
+        return replace(out, task_rows=self.task_rows())
+
