@@ -4,7 +4,9 @@ never patched afterwards.
 
 * :func:`broadcast_pipeline`: a :class:`~lakecast.api.functions.BroadcastProcessFunction`
   on a :class:`~lakecast.snapshots.runtime.SnapshottingRuntime` (task-local state,
-  checkpointed every N batches, restored on cold start); broadcast versions pass the
+  checkpointed every N batches, restored on cold start) — or, ``execution="joins"``, a
+  pure ``enrich(Lookup...)`` as broadcast joins on a plain
+  :class:`~lakecast.runtime.broadcast.BroadcastRuntime`; broadcast versions pass the
   function's table contracts before they are planned
   (:class:`~lakecast.delta.validation.VersionGate`);
 * :func:`keyed_pipeline`: a :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction` on
@@ -26,6 +28,7 @@ from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
 from lakecast.pipeline.progress import ProgressLog, progress_path
+from lakecast.runtime.broadcast import BroadcastRuntime
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
 from lakecast.snapshots.checkpointer import Checkpointer
 from lakecast.snapshots.runtime import SnapshottingRuntime
@@ -50,16 +53,24 @@ def broadcast_pipeline(
 ) -> MicroBatchPipeline:
     """A broadcast pipeline over ``spec``'s tables. ``checkpoint_every``: checkpoint the
     broadcast state every N committed batches (``None``: never); ``keep_checkpoints``:
-    retention; ``runtime_options`` go to the runtime (``timestamp_column``, ...)."""
+    retention; ``runtime_options`` go to the runtime (``timestamp_column``, ...);
+    ``execution="joins"`` (a pure ``enrich(Lookup...)``, :mod:`lakecast.runtime.joins`) runs
+    each batch as Spark broadcast joins at its planned versions: no task state, so no
+    checkpoints."""
     log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
     store = SnapshotStore(spark, f"{checkpoint_root}/{spec.name}/snapshots", spec.name)
     checkpointer = (Checkpointer(store, log, every=checkpoint_every, keep=keep_checkpoints)
                     if checkpoint_every else None)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
     gate = VersionGate(spark, tables, function.table_contracts())
-    runtime = SnapshottingRuntime(spark, function, tables, store, parallelism=parallelism,
-                                  checkpointer=checkpointer, reload_if=gate.reload_reason,
-                                  **runtime_options)
+    runtime: BroadcastRuntime
+    if runtime_options.get("execution", "tasks") == "joins":  # no task state to checkpoint
+        runtime = BroadcastRuntime(spark, function, tables, parallelism=parallelism,
+                                   reload_if=gate.reload_reason, **runtime_options)
+    else:
+        runtime = SnapshottingRuntime(spark, function, tables, store, parallelism=parallelism,
+                                      checkpointer=checkpointer, reload_if=gate.reload_reason,
+                                      **runtime_options)
     return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator,
                               version_gate=gate)
 

@@ -1,0 +1,117 @@
+"""A micro-batch pipeline with ``execution="joins"`` (issue 15 (a)): a pure
+enrich(Lookup...) planned as broadcast joins writes, batch by batch, exactly what the same
+pipeline on task-local state writes — across a broadcast change and a refused version —
+and what pandas computes from the table versions each batch planned."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from jobs.enrichment import validate_events
+from lakecast import Lookup, enrich
+from lakecast.build import broadcast_pipeline
+from lakecast.delta import io as delta_io
+from lakecast.pipeline.micro_batch import PipelineSpec
+from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+from tests.jobs import microbatch_lake as ml
+
+
+def _spec(name: str) -> PipelineSpec:
+    return PipelineSpec(name=name, events_table=EVENTS,
+                        broadcast_tables=(DIM_PRODUCTS, USER_SEGMENTS),
+                        output_table=f"{name}_enriched",
+                        side_outputs={"unmatched": f"{name}_unmatched"},
+                        rejected_table=f"{name}_rejected")
+
+
+def _function():
+    return enrich(
+        Lookup(DIM_PRODUCTS, key="product_id",
+               columns={"category": "product_category", "price": "product_price"},
+               on_missing="unmatched"),
+        Lookup(USER_SEGMENTS, key="user_id", columns=["segment"], defaults={"segment": "NEW"}),
+    )
+
+
+def _read(spark, lake, table: str) -> pd.DataFrame:
+    df = delta_io.read(spark, lake.table_path(table)).toPandas()
+    if "raw_record" in df.columns:  # rejected: (reason, raw_record JSON, batch_id)
+        df["event_id"] = [json.loads(r).get("event_id") for r in df["raw_record"]]
+        return df.sort_values(["event_id", "reason"]).reset_index(drop=True)
+    return df.sort_values("event_id").reset_index(drop=True)
+
+
+def test_joins_pipeline_writes_what_the_task_plan_and_pandas_do(spark, lake):
+    ml.build(spark, lake)
+    pipelines = {
+        execution: broadcast_pipeline(spark, _spec(f"lookups_{execution}"), _function(),
+                                      table_path=lake.table_path,
+                                      checkpoint_root=lake.checkpoint_root,
+                                      validator=validate_events, execution=execution)
+        for execution in ("tasks", "joins")
+    }
+    results = {e: [] for e in pipelines}
+    batches = [ml.events(0, 300, seed=31)]
+    ml.write_events(spark, lake, batches[0])
+    for e, p in pipelines.items():
+        results[e] += p.run()
+    # segments v1: user 1 REGULAR, user 5 VIP; products v1: product 2 twice (refused)
+    segs2 = pd.DataFrame({"user_id": [1, 2, 3, 4, 5],
+                          "segment": ["REGULAR", "REGULAR", "CHURNING", "VIP", "VIP"]})
+    delta_io.write(spark.createDataFrame(segs2), lake.table_path(USER_SEGMENTS),
+                   mode="overwrite")
+    delta_io.write(spark.createDataFrame([(2, "p2b", "garden", 21.0)],
+                                         "product_id LONG, name STRING, category STRING, "
+                                         "price DOUBLE"), lake.table_path(DIM_PRODUCTS))
+    batches.append(ml.events(1000, 300, seed=32))
+    ml.write_events(spark, lake, batches[1])
+    for e, p in pipelines.items():
+        results[e] += p.run()
+
+    assert [len(r) for r in results.values()] == [2, 2]
+    for tasks, joins in zip(results["tasks"], results["joins"], strict=True):
+        assert joins.state_version == tasks.state_version
+        assert joins.refused_versions == tasks.refused_versions
+        assert joins.counts == tasks.counts
+        assert joins.cold_tasks == 0 and joins.parallelism == 1
+    assert results["joins"][1].state_version == {DIM_PRODUCTS: 0, USER_SEGMENTS: 1}
+    assert [(r["table"], r["version"]) for r in results["joins"][1].refused_versions] == [
+        (DIM_PRODUCTS, 1)]
+
+    out = {e: {kind: _read(spark, lake, f"lookups_{e}_{kind}")
+               for kind in ("enriched", "unmatched", "rejected")} for e in pipelines}
+    for kind in ("enriched", "unmatched"):
+        pd.testing.assert_frame_equal(out["joins"][kind], out["tasks"][kind])
+    pd.testing.assert_frame_equal(out["joins"]["rejected"], out["tasks"]["rejected"])
+
+    # pandas: each batch's valid events against the versions it planned
+    enriched, unmatched = out["joins"]["enriched"], out["joins"]["unmatched"]
+    rejected = out["joins"]["rejected"]
+    segments = [ml.segments_v1(), segs2]
+    products = ml.products().rename(columns={"category": "product_category",
+                                             "price": "product_price"})
+    for i, ev in enumerate(batches):
+        # every event is in one output once: enriched, unmatched or rejected
+        ids = set(ev["event_id"])
+        n_out = sum(int(t["event_id"].isin(ids).sum()) for t in (enriched, unmatched, rejected))
+        assert n_out == len(ev)
+        bad = rejected[rejected["event_id"].isin(ids)]
+        dropped = set(bad["event_id"]) - set(ev["event_id"][ev["event_id"].duplicated()])
+        valid = ev[~ev["event_id"].isin(dropped)].drop_duplicates("event_id")
+        want = valid.merge(products[["product_id", "product_category", "product_price"]],
+                           on="product_id", how="left", indicator="found")
+        want = want.merge(segments[i], on="user_id", how="left")
+        want["segment"] = want["segment"].fillna("NEW")
+        hit = want[want["found"] == "both"].sort_values("event_id")
+        got = enriched[enriched["event_id"].isin(valid["event_id"])]
+        assert list(got["event_id"]) == list(hit["event_id"])
+        assert list(got["segment"]) == list(hit["segment"])
+        assert list(got["product_category"]) == list(hit["product_category"])
+        assert list(got["product_price"]) == list(hit["product_price"])
+        assert {json.dumps(json.loads(v), sort_keys=True) for v in got["_state_version"]} == {
+            json.dumps({DIM_PRODUCTS: 0, USER_SEGMENTS: i}, sort_keys=True)}
+        missed = unmatched[unmatched["event_id"].isin(valid["event_id"])]
+        assert sorted(missed["event_id"]) == sorted(want[want["found"] == "left_only"]
+                                                    ["event_id"])
