@@ -114,6 +114,10 @@ class PipelineDeclaration:
     recovered_metadata: RecoveredHook | None = None
     state_budget: bool = False
     sensor_events: SensorEventsHook | None = None
+    #: ``"joins"``: a pure ``enrich(Lookup...)`` runs each batch as Spark broadcast joins
+    #: (:mod:`lakecast.runtime.joins`; large cold batches, e.g. backfills) instead of on
+    #: task-local state (``"tasks"``, warm micro-batches)
+    execution: str = "tasks"
 
     @property
     def keyed(self) -> bool:
@@ -188,6 +192,9 @@ class PipelineDeclaration:
         spec = self.spec(max_versions_per_batch)
         tasks = parallelism or self.parallelism
         if isinstance(function, KeyedBroadcastProcessFunction):
+            if self.execution != "tasks":
+                raise ValueError(f"{self.name}: execution={self.execution!r} is for a pure "
+                                 "enrich(Lookup...); a keyed function runs on tasks")
             options: dict[str, Any] = {
                 "order_columns": self.order_columns,
                 "key_groups": self.key_groups,
@@ -203,5 +210,6 @@ class PipelineDeclaration:
             parallelism=tasks,
             checkpoint_every=self.checkpoint.every,
             keep_checkpoints=self.checkpoint.keep,
+            execution=self.execution,
             **common,
         )
