@@ -7,7 +7,7 @@
     broadcast hash join (``F.broadcast``), for both of Lakecast's executions of the same
     ``enrich(Lookup...)``: ``tasks`` (task-local state in the Python workers, the default)
     and ``joins`` (planned as broadcast joins against the pinned table versions,
-    :mod:`lakecast.runtime.joins`).
+    :mod:`lakecast.runtime.joins`). The order of the four sides rotates every repeat.
 (b) 20 micro-batches of 50k events (each a new version of a Delta events table, read
     by every side from its Change Data Feed) against a 1M-row user dimension, 1% of
     whose rows change (Delta MERGE, untimed) between batches. Lakecast (a runtime per side:
@@ -128,14 +128,20 @@ def scenario_a(spark: SparkSession, root: Path, n_events: int, n_users: int, n_p
     joins()
     bhj()
     floor()
-    t_l, t_j, t_b, t_f, metrics, metrics_j = [], [], [], [], {}, {}
-    for _ in range(repeats):
-        dt, metrics = _timed(lakecast)
-        t_l.append(dt)
-        dt, metrics_j = _timed(joins)
-        t_j.append(dt)
-        t_b.append(_timed(bhj)[0])
-        t_f.append(_timed(floor)[0])
+    times: dict[str, list[float]] = {"tasks": [], "joins": [], "bhj": [], "floor": []}
+    sides: dict[str, Callable[[], Any]] = {"tasks": lakecast, "joins": joins, "bhj": bhj,
+                                           "floor": floor}
+    order = list(sides)
+    metrics, metrics_j = {}, {}
+    for r in range(repeats):  # the order rotates: no side always follows the same one
+        for side in order[r % 4:] + order[:r % 4]:
+            dt, m = _timed(sides[side])
+            times[side].append(dt)
+            if side == "tasks":
+                metrics = m
+            elif side == "joins":
+                metrics_j = m
+    t_l, t_j, t_b, t_f = times["tasks"], times["joins"], times["bhj"], times["floor"]
     check = [
         delta_io.read(spark, p).groupBy("segment").agg(F.count("*").alias("n"),
                                                         F.sum("price").alias("p"),
@@ -376,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--name", default="broadcast_enrichment")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every data size")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=4,
+                    help="(a): timed runs of each side (4: each side once in each position)")
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--only", choices=["a", "b"], default=None)
     ap.add_argument("--no-lineage", action="store_true", help="drop the _state_version column")

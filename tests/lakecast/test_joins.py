@@ -161,3 +161,19 @@ def test_joins_refuses_python_logic_and_unread_metrics(spark, tables):
     result = BroadcastRuntime(spark, _function(), tables, execution="joins").process(events)
     with pytest.raises(LakecastError, match="no action has consumed this joins result"):
         result.metrics()
+
+
+def test_joins_persisted_for_several_actions(spark, tables, tmp_path):
+    """The pipeline's large-batch path: persist, count the outputs, write each one."""
+    pdf, events = _events(spark)
+    for fn in (_function(), enrich(Lookup("dim_users", key="user_id", columns=["segment"]))):
+        runtime = BroadcastRuntime(spark, fn, tables, execution="joins")
+        result = runtime.process(events, until={"dim_users": 0, "dim_products": 0}).persist()
+        counts = result.output_counts()
+        delta_io.write(result.main, str(tmp_path / "main"), mode="overwrite")
+        metrics = result.metrics()
+        result.unpersist()
+        assert sum(counts.values()) == len(pdf) == metrics.rows_in
+        assert counts[None] == metrics.rows_main == delta_io.read(
+            spark, str(tmp_path / "main")).count()
+        assert counts.get("unmatched", 0) == metrics.rows_side("unmatched")

@@ -91,61 +91,62 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
     layout = OutputLayout.of(function, to_arrow_schema(events.schema, timezone=tz), lineage)
     main_types = {f.name: f.dataType
                   for f in from_arrow_schema(layout.main, prefer_timestamp_ntz=False).fields}
-    inputs = list(events.columns)
+    inputs = [F.col(f"`{c}`") for c in events.columns]
     tag = uuid.uuid4().hex[:12]
-    frame = events
+    joined = events
     misses: dict[str, list[Any]] = {"unmatched": [], "hold": []}
     added: list[Any] = []
     for i, lk in enumerate(function.lookups):
         pairs = lk.column_pairs(schemas[lk.table])
         keys = [(e, s, f"__lk{i}_k{j}") for j, (e, s) in enumerate(lk.key_pairs)]
-        matched = f"__lk{i}_m"
         dim = dims[lk.table].select(
             *[F.col(f"`{s}`").alias(k) for _, s, k in keys],
-            *[F.col(f"`{s}`").alias(f"__lk{i}_v{j}") for j, (s, _) in enumerate(pairs)],
-            F.lit(True).alias(matched))
-        cond = [frame[f"`{e}`"] == dim[k] for e, _, k in keys]
-        frame = frame.join(F.broadcast(dim), cond, "left").drop(*[k for _, _, k in keys])
+            *[F.col(f"`{s}`").alias(f"__lk{i}_v{j}") for j, (s, _) in enumerate(pairs)])
+        cond = [joined[f"`{e}`"] == dim[k] for e, _, k in keys]
+        joined = joined.join(F.broadcast(dim), cond, "left")
+        # the table's key is null only where no row matched (equality never matches null)
+        missed = F.col(keys[0][2]).isNull()
         for j, (_, out) in enumerate(pairs):
             value = F.col(f"__lk{i}_v{j}").cast(main_types[out])
             default = lk.defaults.get(out)
             if default is not None:
-                value = F.when(F.col(matched).isNull(),
-                               F.lit(default).cast(main_types[out])).otherwise(value)
+                value = F.when(missed, F.lit(default).cast(main_types[out])).otherwise(value)
             added.append(value.alias(out))
         policy = function.policy(lk)
         if policy in misses:
-            misses[policy].append(F.col(matched).isNull())
-    held = _any(misses["hold"])
-    unmatched = _any(misses["unmatched"])
+            misses[policy].append(missed)
+    held, unmatched = _any(misses["hold"]), _any(misses["unmatched"])
     route = F.lit(None).cast("string")
     if unmatched is not None:
         route = F.when(unmatched, F.lit("unmatched")).otherwise(route)
     if held is not None:
         route = F.when(held, F.lit("held")).otherwise(route)
     spark_layout = from_arrow_schema(layout.schema, prefer_timestamp_ntz=False)
-    frame = frame.select(*[F.col(f"`{c}`") for c in inputs], *added, route.alias(OUTPUT_COLUMN))
-    event_struct = F.struct(*[F.col(f"`{c}`") for c in inputs])
-    routed = {"unmatched": unmatched is not None, "held": held is not None}
-    sides = {}
+    routed = {"unmatched": unmatched, "held": held}
+    sides = []
     for name in layout.sides:
         struct_type = spark_layout[SIDE_PREFIX + name].dataType
-        if routed.get(name):
-            sides[SIDE_PREFIX + name] = F.when(F.col(OUTPUT_COLUMN) == F.lit(name),
-                                               event_struct.cast(struct_type))
+        if routed.get(name) is not None:
+            side = F.when(route == F.lit(name), F.struct(*inputs).cast(struct_type))
         else:  # declared, never emitted (a pure enrichment has no ctx.output of its own)
-            sides[SIDE_PREFIX + name] = F.lit(None).cast(struct_type)
-    if sides:
-        frame = frame.withColumns(sides)
-    if lineage:
-        frame = frame.withColumn(VERSION_COLUMN, F.lit(version_json(versions)))
-    observation = Observation(f"lakecast-joins-{tag}")
+            side = F.lit(None).cast(struct_type)
+        sides.append(side.alias(SIDE_PREFIX + name))
+    lineage_col = [F.lit(version_json(versions)).alias(VERSION_COLUMN)] if lineage else []
+    observations = [Observation(f"lakecast-joins-{tag}")]
     counts = [F.count(F.lit(1)).alias("events_in")]
+    tagged = F.col(OUTPUT_COLUMN)
     if layout.sides:  # else every event is a main row
-        counts.append(F.count_if(F.col(OUTPUT_COLUMN).isNull()).alias("rows_main"))
-        counts += [F.count_if(F.col(OUTPUT_COLUMN) == F.lit(n)).alias(n) for n in layout.sides]
-    frame = frame.observe(observation, *counts)
-    run = JoinRun(function_id, dict(versions), observation)
+        counts.append(F.count_if(tagged.isNull()).alias("rows_main"))
+        counts += [F.count_if(tagged == F.lit(n)).alias(n) for n in layout.sides]
+    frame = joined.select(*inputs, *added, route.alias(OUTPUT_COLUMN), *sides,
+                          *lineage_col).observe(observations[0], *counts)
+    main = None
+    if not layout.sides:  # the main output is every row: its own plan, observed last, so
+        # nothing sits between the projection and the sink
+        observations.append(Observation(f"lakecast-joins-main-{tag}"))
+        main = joined.select(*inputs, *added, *lineage_col).observe(
+            observations[1], F.count(F.lit(1)).alias("events_in"))
+    run = JoinRun(function_id, dict(versions), tuple(observations), main)
     return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
 
 
@@ -168,7 +169,10 @@ class JoinRun:
 
     function_id: str
     versions: dict[str, int]
-    counts: Observation
+    #: the frame's observation, then (without side outputs) the main view's
+    counts: tuple[Observation, ...]
+    #: the main output as its own plan (``None``: a view of the frame)
+    main: DataFrame | None = None
 
 
 @dataclass
@@ -181,9 +185,16 @@ class JoinedResult(BroadcastResult):
     @property
     def main(self) -> DataFrame:
         """Main output rows; without side outputs, every row (no filter to run)."""
-        if self.layout.sides:
+        if self.joins is None or self.joins.main is None:
             return super().main
-        return self.frame.drop(OUTPUT_COLUMN)
+        return self.joins.main
+
+    def persist(self) -> JoinedResult:
+        """Persist the frame; the main output becomes a view of it (one computation)."""
+        if self.joins is not None:
+            self.joins = replace(self.joins, main=None)
+        super().persist()
+        return self
 
     def observe(self) -> JoinedResult:
         """Nothing to add: the joins are observed already."""
@@ -193,7 +204,8 @@ class JoinedResult(BroadcastResult):
         if self._task_rows is not None:
             return self._task_rows
         assert self.joins is not None
-        seen = observed_metrics(self.joins.counts)
+        seen = next((m for o in self.joins.counts if (m := observed_metrics(o)) is not None),
+                    None)
         if seen is None:
             raise LakecastError(
                 "no action has consumed this joins result yet (or the Spark Connect server "
