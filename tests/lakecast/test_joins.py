@@ -83,7 +83,10 @@ def _rows(table: pa.Table) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("version", [0, 1])
-def test_joins_equal_tasks_and_pandas_at_a_pinned_version(spark, tables, version):
+def test_joins_equal_tasks_and_pandas_at_a_pinned_version(any_spark, tables, version):
+    """In-process and over Spark Connect (the Observation's counts come with the action's
+    result there)."""
+    spark = any_spark
     pdf, events = _events(spark)
     pinned = {"dim_users": version, "dim_products": 0}
     outs = {}
