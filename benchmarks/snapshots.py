@@ -9,12 +9,14 @@ held by ``--p`` tasks:
   by hash + per-task manifest) vs ``p x state size`` (the serialized state of one task
   times p), and vs an actual Flink-style layout (every task's copy written: the same
   entry rows p times, one per task index) measured as a Delta write too;
-* **checkpoint** time (p tasks hash their state, one copy written);
+* **checkpoint** time (p tasks hash their state, one copy written), ``--repeats`` times
+  (each into a store of its own, after its tasks built the state);
 * **restore** time: a cold runtime at the same p restores from the checkpoint and runs a
   first (tiny) batch — vs a cold start that reads the full table;
 * **rescale** time: cold runtimes at p/2 and 2p restoring the same checkpoint;
 * beside them, in the same run, what a user would do instead: a **plain Delta write** of
-  the same rows, and a **plain Delta read** of them into the driver (Arrow); the ratios
+  the same rows (as often as the checkpoint, alternating which goes first; medians), and a
+  **plain Delta read** of them into the driver (Arrow); the ratios
   checkpoint / plain write and restore (driver + first batch) / plain read (target: ≤ 2
   each, issue 15).
 
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p", type=int, default=4)
     parser.add_argument("--name", default="snapshots")
     parser.add_argument("--keep", action="store_true", help="keep the scratch lake")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="checkpoints and plain writes timed, alternating (medians)")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="lakecast-bench-snapshots-"))
@@ -82,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     def function() -> Any:
         return enrich(Lookup("items", key="item_id", columns=["category", "price"]))
 
-    def runtime(par: int, restore: bool = True) -> SnapshottingRuntime:
-        return SnapshottingRuntime(spark, function(), {"items": items}, store,
+    def runtime(par: int, restore: bool = True, into: SnapshotStore = store
+                ) -> SnapshottingRuntime:
+        return SnapshottingRuntime(spark, function(), {"items": items}, into,
                                    parallelism=par, restore=restore,
                                    function_id=f"bench-{uuid.uuid4().hex[:8]}")
 
@@ -95,8 +101,40 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime(p, restore=False)
     out["cold_start_full_table_s"], rows = _timed(lambda: first_batch(rt, p))
     assert rows == 4000
-    out["checkpoint_s"], cp = _timed(
-        lambda: rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0))
+    # the checkpoint and, beside it, what a user would do instead: a plain Delta write of
+    # the same rows (a new table each time, as each checkpoint is the first of its store);
+    # each timed --repeats times, alternating which goes first, medians reported
+    checkpoints: list[float] = []
+    writes: list[float] = []
+    cp: Any = None
+    for r in range(args.repeats):
+        if r == 0:
+            rt_r, into = rt, store
+        else:  # a store of its own (nothing stored yet) and a runtime whose tasks built
+            # the state from the table (untimed), as before the first checkpoint
+            into = SnapshotStore(spark, snapshot_path(settings, f"bench{r}"), f"bench{r}")
+            rt_r = runtime(p, restore=False, into=into)
+            assert first_batch(rt_r, p) == 4000
+
+        def checkpoint(rt_r: SnapshottingRuntime = rt_r) -> Any:
+            return rt_r.checkpoint(0, batch_id=0, events_start=-1, events_end=0)
+
+        def plain_write(r: int = r) -> Any:
+            return delta_io.write(rows_df, str(root / f"plain{r}"))
+
+        for side in (("checkpoint", "write") if r % 2 == 0 else ("write", "checkpoint")):
+            if side == "checkpoint":
+                dt, got = _timed(checkpoint)
+                checkpoints.append(dt)
+                cp = cp if r else got
+            else:
+                writes.append(_timed(plain_write)[0])
+        if r:
+            rt_r.close()
+    out["checkpoint_runs_s"] = [round(t, 3) for t in checkpoints]
+    out["plain_delta_write_runs_s"] = [round(t, 3) for t in writes]
+    out["checkpoint_s"] = statistics.median(checkpoints)
+    out["plain_delta_write_s"] = statistics.median(writes)
     out["stored_bytes"] = cp.stored_bytes
     out["state_bytes_serialized"] = cp.state_bytes
     out["p_x_state_bytes"] = cp.flink_bytes
@@ -113,10 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     out["stored_vs_p_x_state"] = round(out["stored_bytes"] / max(out["p_x_state_bytes"], 1), 4)
     out["stored_vs_flink_style"] = round(
         out["stored_bytes"] / max(out["flink_style_stored_bytes"], 1), 4)
-    # what a user would do instead: a plain Delta write of the same rows, and a read of
-    # them back into the driver as Arrow (both warm: the table above was written once)
-    plain = str(root / "plain")
-    out["plain_delta_write_s"], _ = _timed(lambda: delta_io.write(rows_df, plain))
+    # what a user would do instead of a restore: a read of the same rows back into the
+    # driver as Arrow (warm: the table was written above)
+    plain = str(root / "plain0")
     out["plain_delta_read_s"], tbl = _timed(lambda: delta_io.read(spark, plain).toArrow())
     assert tbl.num_rows == n
     # restore (same p) and rescale (p/2, 2p): cold runtimes to their first batch
