@@ -180,3 +180,20 @@ def test_joins_persisted_for_several_actions(spark, tables, tmp_path):
         assert counts[None] == metrics.rows_main == delta_io.read(
             spark, str(tmp_path / "main")).count()
         assert counts.get("unmatched", 0) == metrics.rows_side("unmatched")
+
+
+def test_joins_count_every_joined_row_so_duplicate_keys_cannot_hide(spark, tables, tmp_path):
+    """A table version with a duplicate key (unvalidated, outside a pipeline) makes the
+    left join emit two rows for an event: the accounting counts both, so the pipeline's
+    reconciliation against the events it counted itself fails instead of passing."""
+    users = str(tmp_path / "dup_users")
+    _write(spark, pd.DataFrame({"user_id": [1, 1, 2], "segment": ["VIP", "NEW", "VIP"],
+                                "ltv": [1.0, 2.0, 3.0]}), users)
+    pdf, events = _events(spark)
+    fn = enrich(Lookup("dim_users", key="user_id", columns=["segment"]))
+    result = BroadcastRuntime(spark, fn, {"dim_users": users}, execution="joins").process(
+        events)
+    out = result.collect()
+    n_user_1 = int((pdf["user_id"] == 1).sum())
+    assert out.main.num_rows == len(pdf) + n_user_1
+    assert result.metrics().rows_in == len(pdf) + n_user_1 != len(pdf)

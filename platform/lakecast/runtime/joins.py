@@ -28,7 +28,6 @@ and broadcasts the whole table every batch.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lakecast.api.enrich import Enrichment
+from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.runtime.collected import CollectedOutput
 from lakecast.runtime.executor import (
@@ -45,7 +45,7 @@ from lakecast.runtime.executor import (
     OutputLayout,
     version_json,
 )
-from lakecast.runtime.metrics import TASK_ROW_SCHEMA
+from lakecast.runtime.metrics import TaskMetrics
 from lakecast.runtime.result import BroadcastResult
 from lakecast.spark import observed_metrics
 
@@ -83,7 +83,7 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
     if missing:
         raise LakecastError(f"broadcast tables {missing} have no version yet: write them "
                             "before enriching against them")
-    dims = {lk.table: _read(spark, tables[lk.table], versions[lk.table])
+    dims = {lk.table: delta_io.read(spark, tables[lk.table], version=versions[lk.table])
             for lk in function.lookups}
     schemas = {t: to_arrow_schema(d.schema, timezone="UTC") for t, d in dims.items()}
     function.bind_tables(schemas)
@@ -150,12 +150,6 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
     return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
 
 
-def _read(spark: SparkSession, path: str, version: int) -> DataFrame:
-    from lakecast.delta import io as delta_io
-
-    return delta_io.read(spark, path, version=version)
-
-
 def _any(conditions: list[Any]) -> Any:
     out = None
     for c in conditions:
@@ -211,19 +205,15 @@ class JoinedResult(BroadcastResult):
                 "no action has consumed this joins result yet (or the Spark Connect server "
                 "did not report its metrics): run the action (e.g. write result.main) "
                 "before reading its metrics")
-        sides = {n: int(seen[n]) for n in self.layout.sides if int(seen[n])}
         events_in = int(seen["events_in"])
-        row = {
-            "task": 0, "pid": os.getpid(), "function_id": self.joins.function_id,
-            "cache": JOIN_CACHE, "elements_applied": len(self.joins.versions),
-            "rows_applied": 0, "state_version": json.dumps(self.joins.versions, sort_keys=True),
-            "state_bytes": 0, "events_in": events_in,
-            "rows_main": int(seen["rows_main"]) if self.layout.sides else events_in,
-            "rows_side": json.dumps(sides, sort_keys=True), "apply_seconds": 0.0,
-            "process_seconds": 0.0, "attempt": 0, "executor": "spark",
-        }
-        assert set(row) == set(TASK_ROW_SCHEMA.names)
-        self._task_rows = [row]
+        metrics = TaskMetrics(
+            partition=0, pid=os.getpid(), function_id=self.joins.function_id,
+            cache=JOIN_CACHE, elements_applied=len(self.joins.versions), rows_applied=0,
+            state_version=dict(self.joins.versions), state_bytes=0, rows_in=events_in,
+            rows_main=int(seen["rows_main"]) if self.layout.sides else events_in,
+            rows_side={n: int(seen[n]) for n in self.layout.sides if int(seen[n])},
+            executor="spark")
+        self._task_rows = [metrics.to_row()]
         return self._task_rows
 
     def collect(self, extra: DataFrame | None = None) -> CollectedOutput:
