@@ -17,10 +17,7 @@ from dagster import (
 )
 
 from assets.common import quarantine_count
-from assets.resources import LakecastSparkResource, LakeResource
-from assets.transforms import SEGMENTS
-from lakecast.delta import io as delta_io
-from lakecast.tables import (
+from assets.tables import (
     DIM_PRODUCTS,
     DIM_USERS,
     EVENTS,
@@ -29,6 +26,9 @@ from lakecast.tables import (
     USER_FEATURES,
     USER_SEGMENTS,
 )
+from assets.transforms import SEGMENTS
+from dagster_lakecast import LakecastSparkResource, LakeResource
+from lakecast.delta import io as delta_io
 
 
 def _unique_keys_check(table: str, key: str) -> AssetChecksDefinition:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import TableColumn, TableSchema
 
-from lakecast.tables import (
+from assets.tables import (
     DIM_PRODUCTS,
     DIM_USERS,
     EVENTS,
@@ -295,3 +295,9 @@ def describe(schema: StructType, table: str | None = None) -> TableSchema:
         TableColumn(name=f.name, type=f.dataType.simpleString(), description=known.get(f.name))
         for f in schema.fields
     ])  # fmt: skip
+
+
+def schemas(*tables: str) -> dict[str, TableSchema]:
+    """The declared schema of each of ``tables`` that :data:`COLUMNS` lists (a pipeline
+    declaration's ``columns``)."""
+    return {t: column_schema(t) for t in tables if t in COLUMNS}

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from dagster import MetadataValue
 
 from assets.columns import COLUMN_SCHEMA, describe
+from assets.tables import QUARANTINE
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
-from lakecast.tables import QUARANTINE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

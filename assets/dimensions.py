@@ -15,10 +15,10 @@ from dagster import AssetExecutionContext, MaterializeResult, asset
 from assets import transforms
 from assets.columns import column_metadata
 from assets.common import table_metadata, table_pool, write_quarantine
-from assets.resources import LakecastSparkResource, LakeResource
+from assets.tables import DIM_PRODUCTS, DIM_USERS, RAW_PRODUCTS, RAW_USERS
+from dagster_lakecast import LakecastSparkResource, LakeResource
 from lakecast.delta import io as delta_io
 from lakecast.spark import local_checkpoint
-from lakecast.tables import DIM_PRODUCTS, DIM_USERS, RAW_PRODUCTS, RAW_USERS
 
 DIM_GROUP = "dimensions"
 

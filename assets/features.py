@@ -34,19 +34,19 @@ from dagster import (
 from assets import transforms
 from assets.columns import COLUMN_SCHEMA, column_metadata, describe
 from assets.common import table_pool, write_quarantine
-from assets.resources import LakecastSparkResource, LakeResource
+from assets.datagen import DATA_START
+from assets.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_FEATURES
+from dagster_lakecast import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.spark import persisted_frames
-from lakecast.tables import DIM_PRODUCTS, DIM_USERS, EVENTS, USER_FEATURES
-from lakecast.tools.datagen import DATA_START
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SEGMENTS_GROUP = "segments"
 DAILY_PARTITIONS = DailyPartitionsDefinition(start_date=DATA_START.isoformat())
-"""UTC days from the first generated day (``lakecast.tools.datagen.DATA_START``)."""
+"""UTC days from the first generated day (``assets.datagen.DATA_START``)."""
 FEATURES_PARTITION_BY = ("day",)
 
 @dataclass(frozen=True)

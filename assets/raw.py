@@ -24,13 +24,13 @@ from dagster import (
 )
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
+from assets import datagen
 from assets.columns import column_metadata
 from assets.common import table_metadata
-from assets.resources import LakecastSparkResource, LakeResource
+from assets.tables import EVENTS, RAW_PRODUCTS, RAW_TABLES, RAW_USERS
+from dagster_lakecast import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
-from lakecast.tables import EVENTS, RAW_PRODUCTS, RAW_TABLES, RAW_USERS
-from lakecast.tools import datagen
 
 RAW_GROUP = "raw"
 NO_TABLE = "no table"
@@ -72,7 +72,7 @@ def raw_tables(
     pyspark: LakecastSparkResource,
     lake: LakeResource,
 ) -> Iterator[MaterializeResult]:
-    """Register the raw tables written by ``lakecast.tools.datagen`` (or a producer).
+    """Register the raw tables written by ``assets.datagen`` (or a producer).
 
     Generates them (``events`` too) with the configured seed and scale only when one is
     missing or ``regenerate`` is true; otherwise reports their current Delta version.

@@ -30,12 +30,12 @@ from assets import transforms
 from assets.columns import COLUMN_SCHEMA, column_metadata, describe
 from assets.common import table_pool
 from assets.features import DAILY_PARTITIONS, SEGMENTS_GROUP
-from assets.resources import LakecastSparkResource, LakeResource
+from assets.tables import USER_FEATURES, USER_SEGMENTS
+from dagster_lakecast import LakecastSparkResource, LakeResource
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.spark import local_checkpoint
-from lakecast.tables import USER_FEATURES, USER_SEGMENTS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

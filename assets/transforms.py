@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import date, datetime, time, timedelta
 from typing import TYPE_CHECKING
 
-from lakecast.tools.datagen import EVENT_TYPES, TS_FORMAT
+from assets.datagen import EVENT_TYPES, TS_FORMAT
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.cluster [--events 50000] [--batches 3] [--name NAME]
 
-Both sides run the storefront enrichment pipeline (``jobs.enrichment_pipeline``) on a
+Both sides run the storefront enrichment pipeline (``jobs.storefront.pipeline``) on a
 Lakecast Spark server (Spark Connect), one after the other, on lakes of their own:
 ``local[2]`` (driver and executor in one JVM, 2 cores) and the local cluster of
 :mod:`lakecast.cluster` (a master, two workers of 1 core each, the server as driver;
@@ -27,14 +27,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from jobs.enrichment_pipeline import build_pipeline
+from assets import flags
+from assets.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+from jobs.storefront.pipeline import build_pipeline
 from lakecast.cluster import Cluster
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.server import Server
 from lakecast.spark import get_spark
-from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
-from lakecast.tools import flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 1.5

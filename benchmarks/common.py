@@ -8,7 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lakecast.config import PROJECT_ROOT
+#: the repository root (this example project's folder)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 

@@ -41,7 +41,10 @@ from typing import TYPE_CHECKING
 from benchmarks.common import dagster_home, save_result
 from benchmarks.sensor_freshness import bench_env, build_lake
 from jobs.ui import READY
-from lakecast.config import PROJECT_ROOT, get_settings
+from lakecast.config import get_settings
+
+#: the repository root (this example project's folder)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 if TYPE_CHECKING:
     from lakecast.server import Server
@@ -53,7 +56,7 @@ SINK = "ss_enriched_events"
 def _pipeline_output_ms(root: Path) -> Callable[[int, int], int | None]:
     """events version → commit time (ms) of the first ``enriched_events`` version of a
     committed batch that covers it (the progress log, read without Spark)."""
-    from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
+    from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
     from lakecast.delta import io as delta_io
     from lakecast.pipeline.progress import progress_path, read_log
 
@@ -103,9 +106,9 @@ def _sink_output_ms(root: Path) -> Callable[[int, int], int | None]:
 
 def streaming_query(root: str) -> int:
     """The Structured Streaming equivalent, until killed (run in its own process)."""
+    from assets.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
     from lakecast.delta import io as delta_io
     from lakecast.spark import get_spark
-    from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 
     settings = get_settings()
     spark = get_spark(settings=settings, app_name="lakecast-freshness-streaming")
@@ -184,10 +187,10 @@ def consumer_ready(mode: str, root: Path) -> bool:
 
 def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
     """Copy the caught-up lake, start the mode's consumer, produce, measure."""
+    from assets import producer
+    from assets.tables import EVENTS
     from lakecast.delta import io as delta_io
     from lakecast.spark import get_spark
-    from lakecast.tables import EVENTS
-    from lakecast.tools import producer
 
     root = base.parent / mode
     shutil.rmtree(root, ignore_errors=True)
@@ -235,7 +238,8 @@ def _wait_for_runs(root: Path, timeout: float) -> None:
     """Wait until no run of the micro-batch job is queued or active in ``root``'s instance."""
     from dagster import DagsterInstance
 
-    from jobs.runs import MICROBATCH_JOB, active_runs
+    from dagster_lakecast.runs import active_runs
+    from jobs.storefront.pipeline import MICROBATCH_JOB
 
     with DagsterInstance.from_config(str(root / "dagster_home")) as instance:
         deadline = time.monotonic() + timeout
@@ -271,7 +275,7 @@ def _run(args: argparse.Namespace, base: Path, server: Server) -> int:
     os.environ.update(env)
     t0 = time.monotonic()
     build_lake(args.scale)
-    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+    subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
     print(f"lake built and caught up in {time.monotonic() - t0:.0f}s", flush=True)
     result: dict = {"commits": args.commits, "every_s": args.every,

@@ -9,7 +9,7 @@ both sides run in one in-process (classic) Spark session. For every size, ``--ba
 times: the producer appends SIZE events in one commit (untimed), then each side processes
 exactly that events version, in alternating order:
 
-- **L (Lakecast)**: ``jobs.enrichment_pipeline.build_pipeline`` with its default checkpoint
+- **L (Lakecast)**: ``jobs.storefront.pipeline.build_pipeline`` with its default checkpoint
   policy, caught up once (untimed); a batch is ``pipeline.run(max_batches=1)`` timed by the
   wall clock: plan -> read -> validate -> enrich -> three outputs -> commit -> checkpoint.
 - **S (Structured Streaming)**: a Delta streaming source on ``events``
@@ -104,9 +104,9 @@ class StreamingSide:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
+        from assets.tables import DIM_PRODUCTS, USER_SEGMENTS
         from assets.transforms import classify_event_format
-        from jobs.enrichment import FEATURE_FLAGS, VIP_DISCOUNT_FLAG
-        from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
+        from jobs.storefront.enrichment import FEATURE_FLAGS, VIP_DISCOUNT_FLAG
 
         spark, path = df.sparkSession, self.settings.table_path
         checked = classify_event_format(df).persist(StorageLevel.MEMORY_AND_DISK)
@@ -150,7 +150,7 @@ class StreamingSide:
 
     def run(self, expected_rows: int) -> tuple[float, dict[str, Any]]:
         """One ``availableNow`` run; (Spark's triggerExecution seconds, details)."""
-        from lakecast.tables import EVENTS
+        from assets.tables import EVENTS
 
         t0 = time.perf_counter()
         query = (self.spark.readStream.format("delta")
@@ -193,11 +193,7 @@ def compare_outputs(spark: Any, settings: Any, first_event_id: int, first_batch_
     when they differ (as multisets) or are empty."""
     from pyspark.sql import functions as F
 
-    from jobs.enrichment_pipeline import (
-        ENRICHED_EVENTS,
-        ENRICHMENT_REJECTED,
-        ENRICHMENT_UNMATCHED,
-    )
+    from jobs.storefront.pipeline import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED
 
     def load(table: str) -> Any:
         return spark.read.format("delta").load(settings.table_path(table))
@@ -227,11 +223,11 @@ def compare_outputs(spark: Any, settings: Any, first_event_id: int, first_batch_
 
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     _set_env(root)
+    from assets.producer import append_events
     from benchmarks.sensor_freshness import build_lake
-    from jobs.enrichment_pipeline import build_pipeline
+    from jobs.storefront.pipeline import build_pipeline
     from lakecast.config import get_settings
     from lakecast.spark import get_spark
-    from lakecast.tools.producer import append_events
 
     settings = get_settings()
     if settings.spark_remote:

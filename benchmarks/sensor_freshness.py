@@ -34,7 +34,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import dagster_home, save_result
-from lakecast.config import PROJECT_ROOT, get_settings
+from lakecast.config import get_settings
+
+#: the repository root (this example project's folder)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench_env(root: Path, url: str, interval: int) -> dict[str, str]:
@@ -51,14 +54,14 @@ def bench_env(root: Path, url: str, interval: int) -> dict[str, str]:
 
 def build_lake(scale: float) -> None:
     """The demo's batch half (raw -> dims -> segments) on this process's settings."""
-    from jobs.demo import (
+    from assets import datagen, flags
+    from jobs.demo.tour import (
         dagster_instance,
         generate_raw,
         materialize_dimensions,
         materialize_segments,
     )
     from lakecast.spark import get_spark
-    from lakecast.tools import datagen, flags
 
     settings = get_settings()
     spec = datagen.GenSpec(scale=scale, seed=datagen.DEFAULT_SEED)
@@ -79,7 +82,7 @@ def _commit_ms(path: str, version: int) -> int:
 def _wait_for_batch(settings, events_version: int, timeout: float) -> int | None:
     """Poll the progress log until a committed batch covers ``events_version``; return
     the commit time (ms) of that batch's ``enriched_events`` version."""
-    from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
+    from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
     from lakecast.pipeline.progress import ProgressLog
     from lakecast.spark import get_spark
 
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     build_lake(args.scale)
     print(f"lake built in {time.monotonic() - t0:.0f}s", flush=True)
-    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+    subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
     print("catch-up batch done; starting dagster dev", flush=True)
 
@@ -153,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
          "-p", str(args.port), "-w", str(PROJECT_ROOT / "workspace.yaml")],
         cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
+    from assets import flags, producer
+    from assets.tables import EVENTS
     from lakecast.spark import get_spark
-    from lakecast.tables import EVENTS
-    from lakecast.tools import flags, producer
 
     latencies: list[float] = []
     try:

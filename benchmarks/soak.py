@@ -67,7 +67,10 @@ from benchmarks.soak_parts import (
     series,
     storage_bounded,
 )
-from lakecast.config import PROJECT_ROOT, get_settings
+from lakecast.config import get_settings
+
+#: the repository root (this example project's folder)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 SLACK_S = 60.0  # one batch past a run's max_seconds
 SAMPLE_S = 20.0  # RSS sampling period
@@ -116,7 +119,7 @@ def _kill_started(instance: Any, log: str, mid_batch: bool) -> dict | None:
     (``mid_batch``: only while the progress log has a batch planned and not committed)."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    from jobs.runs import MICROBATCH_JOB
+    from jobs.storefront.pipeline import MICROBATCH_JOB
     from lakecast.pipeline.progress import read_position
 
     pending = read_position(log)[0]
@@ -154,8 +157,8 @@ def _maintained(instance: Any) -> int:
     """How many maintenance runs (of either pipeline) have succeeded."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    from jobs.fraud import FRAUD
-    from jobs.runs import MAINTENANCE_JOB
+    from jobs.storefront.pipeline import MAINTENANCE_JOB
+    from jobs.fraud.defs import FRAUD
 
     return sum(instance.get_runs_count(RunsFilter(
         job_name=job, statuses=[DagsterRunStatus.SUCCESS]))
@@ -221,12 +224,13 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     """Build, catch up, run the soak under ``dagster dev``, then report (see the module doc)."""
     from dagster import DagsterInstance, RunsFilter
 
-    from jobs.fraud import FRAUD
-    from jobs.microbatch import ENRICHMENT
-    from jobs.runs import MICROBATCH_JOB, active_runs
+    from assets import datagen, producer
+    from dagster_lakecast.runs import active_runs
+    from jobs.storefront.pipeline import MICROBATCH_JOB
+    from jobs.fraud.defs import FRAUD
+    from jobs.storefront.microbatch import ENRICHMENT
     from lakecast.pipeline.progress import progress_path
     from lakecast.spark import get_spark
-    from lakecast.tools import datagen, producer
 
     root = Path(args.root)
     dagster_home(root)
@@ -243,7 +247,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     fraud = FraudFeed(spark, settings)
     last_day = datagen.GenSpec(scale=args.scale, seed=datagen.DEFAULT_SEED).day_keys[-1]
     changes = BroadcastChanges(spark, settings, env, last_day)
-    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+    subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
     log = progress_path(settings.checkpoint_root, ENRICHMENT.name)
     first = max(_committed(log, -1), default=-1)  # the catch-up's last batch
@@ -358,12 +362,12 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     from dagster import AssetKey, DagsterInstance, RunsFilter
     from pyspark.sql import functions as F
 
+    from assets.tables import EVENTS
+    from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB
     from jobs.definitions import FRAUD_PIPELINE
-    from jobs.enrichment_pipeline import OUTPUTS
-    from jobs.fraud import FRAUD
-    from jobs.microbatch import MicroBatchRunConfig
-    from jobs.runs import MAINTENANCE_JOB, MICROBATCH_JOB
-    from lakecast.tables import EVENTS
+    from jobs.fraud.defs import FRAUD
+    from jobs.storefront.microbatch import MicroBatchRunConfig
+    from jobs.storefront.pipeline import OUTPUTS
 
     killed = {k["run_id"] for k in rec["kills"]}
     runs, mats = [], {}

@@ -2,7 +2,7 @@
 fraud pipeline beside the enrichment, per-minute samples, and the checks at the end.
 
 * :class:`BroadcastChanges`: one broadcast-table change per call, cycling through a
-  ``feature_flags`` version (``lakecast.tools.flags``), a ``dim_products`` version (raw
+  ``feature_flags`` version (``assets.flags``), a ``dim_products`` version (raw
   products changed by ``datagen.refresh_dimensions``, then ``dimension_refresh_job`` run
   through Dagster: ``dagster job execute``) and a ``user_segments`` version (the next
   partition day of ``user_features,user_segments``: ``dagster asset materialize``);
@@ -32,7 +32,10 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-from lakecast.config import PROJECT_ROOT, Settings
+from lakecast.config import Settings
+
+#: the repository root (this example project's folder)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 PYSPARK_WORKER = ("pyspark.daemon", "pyspark.worker")
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -92,7 +95,7 @@ class BroadcastChanges:
         return delta_io.latest_version(self.settings.table_path(table))
 
     def flag(self, n: int) -> dict[str, Any]:
-        from lakecast.tools import flags
+        from assets import flags
 
         value = str(10 + n % 10)
         m = flags.set_flag(self.spark, self.settings.table_path("feature_flags"),
@@ -102,8 +105,8 @@ class BroadcastChanges:
     def products(self, n: int) -> dict[str, Any]:
         """Prices of ~8% of raw products change (a few are replaced), then the Dagster job
         MERGEs them into dim_products."""
-        from lakecast.tables import DIM_PRODUCTS
-        from lakecast.tools import datagen
+        from assets import datagen
+        from assets.tables import DIM_PRODUCTS
 
         before = self._version(DIM_PRODUCTS)
         res = datagen.refresh_dimensions(self.spark, self.settings, seed=500 + n, fraction=0.1)
@@ -114,7 +117,7 @@ class BroadcastChanges:
 
     def segments(self, n: int) -> dict[str, Any]:
         """The next partition day of user_features and user_segments, through Dagster."""
-        from lakecast.tables import USER_SEGMENTS
+        from assets.tables import USER_SEGMENTS
 
         del n
         before = self._version(USER_SEGMENTS)
@@ -139,8 +142,8 @@ class FraudFeed:
 
     def __init__(self, spark: Any, settings: Settings, users: int = 200,
                  merchants: int = 100) -> None:
-        from jobs.fraud import FRAUD_RULES, TRANSACTIONS
-        from jobs.fraud_tables import DEMO_RULES, write_rules
+        from jobs.fraud.defs import FRAUD_RULES, TRANSACTIONS
+        from jobs.fraud.tables import DEMO_RULES, write_rules
 
         self.spark, self.users, self.merchants = spark, users, merchants
         self.path = settings.table_path(TRANSACTIONS)
@@ -149,7 +152,7 @@ class FraudFeed:
         self.commits: list[dict[str, int | None]] = []
 
     def commit(self, count: int) -> dict[str, int | None]:
-        from jobs.fraud_tables import append_transactions, demo_transactions
+        from jobs.fraud.tables import append_transactions, demo_transactions
 
         rows = demo_transactions(len(self.commits) + 1, count, self.next_id, self.ts,
                                  users=self.users, merchants=self.merchants)
@@ -208,7 +211,7 @@ def live_heap(pid: int) -> dict[str, Any]:
 def minute_sample(settings: Settings, procs: dict[int, tuple[int, int, str]],
                   spark_tree: set[int], spark_pid: int | None) -> dict[str, Any]:
     """One per-minute sample (MiB for memory, bytes for storage)."""
-    from jobs.fraud import FRAUD
+    from jobs.fraud.defs import FRAUD
     from lakecast.snapshots.checkpointer import snapshot_path
 
     workers = [p for p in spark_tree if any(w in procs[p][2] for w in PYSPARK_WORKER)]
@@ -234,8 +237,8 @@ def check_lineage(spark: Any, settings: Settings) -> dict[str, Any]:
     """Every enriched row against the broadcast tables at its ``_state_version``."""
     import pandas as pd
 
-    from jobs.enrichment import vip_discount_pct
-    from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
+    from assets.tables import DIM_PRODUCTS, USER_SEGMENTS
+    from jobs.storefront.enrichment import vip_discount_pct
 
     rows = (spark.read.format("delta").load(settings.table_path("enriched_events"))
             .select("event_id", "user_id", "product_id", "product_category", "product_price",
@@ -290,7 +293,7 @@ def _outputs(spark: Any, settings: Settings) -> dict[str, Any]:
     """Per output: its rows' event ids (sorted) and a digest of its rows' content."""
     from pyspark.sql import functions as F
 
-    from jobs.enrichment_pipeline import OUTPUTS
+    from jobs.storefront.pipeline import OUTPUTS
 
     out = {}
     for table, _ in OUTPUTS:
@@ -307,13 +310,13 @@ def _outputs(spark: Any, settings: Settings) -> dict[str, Any]:
 
 def check_restore(spark: Any, settings: Settings, env: dict[str, str]) -> dict[str, Any]:
     """Restore the enrichment pipeline's newest checkpoint (``lakecast snapshots restore``'s
-    path), catch up with ``python -m jobs.microbatch``, compare the outputs with before."""
+    path), catch up with ``python -m jobs.storefront.microbatch``, compare the outputs with before."""
     from lakecast.snapshots.checkpointer import restore_checkpoint
 
     before = _outputs(spark, settings)
     plan, restored = restore_checkpoint(spark, settings, "enrichment")
     rolled = {t: len(v["ids"]) for t, v in _outputs(spark, settings).items()}
-    run = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     after = _outputs(spark, settings)
     same_ids = all(before[t]["ids"] == after[t]["ids"] for t in before)
@@ -333,8 +336,8 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
     schedules), their statuses and the tables each maintained."""
     from dagster import DagsterEventType, RunsFilter
 
-    from jobs.fraud import FRAUD
-    from jobs.runs import MAINTENANCE_JOB
+    from jobs.storefront.pipeline import MAINTENANCE_JOB
+    from jobs.fraud.defs import FRAUD
 
     def maintained(run_id: str) -> list[str]:  # the tables it observed (maintained)
         return sorted(e.dagster_event.asset_key.to_user_string() for e in instance.all_logs(

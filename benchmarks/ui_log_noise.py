@@ -35,7 +35,9 @@ from typing import Any
 from benchmarks.common import dagster_home, save_result
 from benchmarks.freshness import consumer_ready, project_server, start_consumer, stop_group
 from benchmarks.sensor_freshness import bench_env, build_lake
-from lakecast.config import PROJECT_ROOT
+
+#: the repository root (this example project's folder)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 WARNING = re.compile(r"warn", re.IGNORECASE)
 LAST_RUN_WAIT_S = 120.0
@@ -60,7 +62,8 @@ def _wait_for_runs(dagster_home: Path, timeout: float) -> bool:
     """Wait until no micro-batch run is queued or active; whether none is."""
     from dagster import DagsterInstance
 
-    from jobs.runs import MICROBATCH_JOB, active_runs
+    from dagster_lakecast.runs import active_runs
+    from jobs.storefront.pipeline import MICROBATCH_JOB
 
     with DagsterInstance.from_config(str(dagster_home)) as instance:
         deadline = time.monotonic() + timeout
@@ -81,7 +84,7 @@ def _run(args: argparse.Namespace, root: Path, server: Any) -> dict[str, Any]:
         env = {**env, "LAKECAST_SPARK_REMOTE": ""}
     t0 = time.monotonic()
     build_lake(args.scale)
-    subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+    subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
     print(f"lake built and caught up in {time.monotonic() - t0:.0f}s; starting dagster dev",
           flush=True)

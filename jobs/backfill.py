@@ -22,9 +22,12 @@ from typing import Any
 from dagster import DagsterInstance, PartitionKeyRange
 
 from assets.features import DAILY_PARTITIONS
-from lakecast.config import PROJECT_ROOT, get_settings
+from assets.tables import USER_FEATURES, USER_SEGMENTS
+from lakecast.config import get_settings
 from lakecast.errors import LakecastError
-from lakecast.tables import USER_FEATURES, USER_SEGMENTS
+
+#: this example project's folder (its workspace.yaml)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 SEGMENT_ASSETS = (USER_FEATURES, USER_SEGMENTS)
 WORKSPACE = PROJECT_ROOT / "workspace.yaml"

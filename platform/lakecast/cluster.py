@@ -70,7 +70,7 @@ class Cluster:
 
     @property
     def folder(self) -> Path:
-        return self.settings.project_root / "var" / "cluster"
+        return self.settings.var_dir / "cluster"
 
     def pid_file(self, name: str) -> Path:
         return self.folder / f"{name}-{self.port}.pid"
@@ -89,7 +89,7 @@ class Cluster:
             **{f"spark.executorEnv.{k}": v for k, v in python_env(self.settings).items()},
             **self.settings.spark_conf,
         }
-        log4j = self.settings.project_root / "deploy" / "spark" / "log4j2.properties"
+        log4j = self.settings.log4j_file
         if log4j.exists():
             conf.setdefault("spark.executor.extraJavaOptions",
                             f"-Dlog4j.configurationFile=file:{log4j}")

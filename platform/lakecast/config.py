@@ -1,15 +1,22 @@
 """One place for Lakecast's configuration: lake paths, Dagster home, Spark settings.
 
-Every setting has an embedded default inside the project (git-ignored ``var/``)
-and an environment override:
+Every setting has a default inside the user's *project folder* (its git-ignored ``var/``)
+and an environment override. The project folder is ``LAKECAST_HOME`` when set, else the
+nearest folder at or above the working directory that holds a ``pyproject.toml``,
+``workspace.yaml``, ``dg.toml`` or ``setup.py`` (a Dagster project's root); never the
+folder Lakecast is installed in. With neither, :func:`get_settings` raises a
+:class:`~lakecast.errors.ConfigError` naming ``LAKECAST_HOME``.
 
-- project root: ``LAKECAST_HOME`` (default: the checkout)
+- project folder: ``LAKECAST_HOME`` (default: found from the working directory)
 - lake root, every Delta table: ``LAKECAST_LAKE_ROOT`` (``var/lake``)
 - checkpoint root: ``LAKECAST_CHECKPOINT_ROOT`` (``var/checkpoints``)
 - Dagster home: ``DAGSTER_HOME`` (``var/dagster_home``)
-- Delta JAR folder: ``LAKECAST_JARS_DIR`` (``var/jars``)
+- Delta JAR folder: ``LAKECAST_JARS_DIR`` (a cache shared by every project:
+  ``$XDG_CACHE_HOME/lakecast/jars/delta-<delta-spark version>``, ``~/.cache`` without
+  ``XDG_CACHE_HOME``; filled once by ``lakecast setup``)
 - Spark master: ``LAKECAST_SPARK_MASTER`` (``local[*]``)
-- Spark defaults file: ``LAKECAST_SPARK_CONF_FILE`` (``deploy/spark/spark-defaults.conf``)
+- Spark defaults file: ``LAKECAST_SPARK_CONF_FILE`` (the package's
+  ``lakecast/defaults/spark-defaults.conf``)
 - extra Spark conf: ``LAKECAST_SPARK_CONF`` as ``k=v;k=v`` (none)
 - Spark mode: ``LAKECAST_SPARK_REMOTE`` (empty: Spark in this process; ``server``: the
   project's Lakecast Spark server, started on demand; ``sc://host:port``: a running
@@ -23,6 +30,17 @@ and an environment override:
   :mod:`lakecast.pipeline.held`)
 - tasks per micro-batch when a run does not set it: ``LAKECAST_PARALLELISM`` (none: as
   the events are read; on a cluster, e.g. its executors' cores)
+- the project's pipelines module for the ``lakecast`` command (``PIPELINES``, and
+  optionally ``COMMANDS``): ``LAKECAST_PIPELINES``, else ``[tool.lakecast] pipelines`` in
+  the project's ``pyproject.toml`` (none)
+- how often a pipeline's sensor looks at the Delta logs:
+  ``LAKECAST_SENSOR_INTERVAL_SECONDS`` (``15``)
+- checkpoint a broadcast pipeline's state every N committed batches, and keep N
+  checkpoints, when its declaration does not say: ``LAKECAST_CHECKPOINT_EVERY`` (``10``),
+  ``LAKECAST_KEEP_CHECKPOINTS`` (``10``)
+- table maintenance: its schedule ``LAKECAST_MAINTENANCE_CRON`` (``0 3 * * *``, UTC) and
+  the VACUUM retention of scheduled runs ``LAKECAST_MAINTENANCE_RETENTION_HOURS`` (none:
+  each table's default)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -31,14 +49,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
+import tomllib
 from dataclasses import dataclass, field
 from datetime import timedelta
+from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from lakecast.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: files whose folder is a project's root (the nearest one at or above the working directory)
+PROJECT_MARKERS = ("pyproject.toml", "workspace.yaml", "dg.toml", "setup.py")
 #: default of ``LAKECAST_DEDUP_RETENTION``
 DEFAULT_DEDUP_RETENTION = timedelta(days=7)
 #: default of ``LAKECAST_HOLD_TIMEOUT``: held events go to unmatched in their own batch
@@ -115,6 +136,26 @@ class Settings:
     hold_timeout: timedelta = DEFAULT_HOLD_TIMEOUT
     #: tasks per micro-batch when a run does not set it (None: as the events are read)
     parallelism: int | None = None
+    #: the project's pipelines module for the ``lakecast`` command (None: none)
+    pipelines_module: str | None = None
+    #: seconds between two ticks of a pipeline's sensor
+    sensor_interval_seconds: int = 15
+    #: checkpoint every N batches / keep N checkpoints (declarations that do not say)
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 10
+    #: the maintenance schedule (cron, UTC) and the VACUUM retention of its runs
+    maintenance_cron: str = "0 3 * * *"
+    maintenance_retention_hours: int | None = None
+
+    @property
+    def var_dir(self) -> Path:
+        """The project's git-ignored working folder (server, cluster, warehouse)."""
+        return self.project_root / "var"
+
+    @property
+    def log4j_file(self) -> Path:
+        """The log4j2 properties Spark JVMs start with (package data)."""
+        return default_file("log4j2.properties")
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -131,16 +172,70 @@ class Settings:
         for p in (self.lake_root, self.checkpoint_root, self.dagster_home):
             if not _is_uri(p):
                 Path(p).mkdir(parents=True, exist_ok=True)
-        instance_yaml = Path(self.dagster_home) / "dagster.yaml"
-        template = self.project_root / "deploy" / "dagster" / "dagster.yaml"
-        if not instance_yaml.exists() and template.exists():
-            shutil.copyfile(template, instance_yaml)
+
+
+def default_file(name: str) -> Path:
+    """A default file shipped with the package (``lakecast/defaults/<name>``)."""
+    return Path(str(resources.files("lakecast") / "defaults" / name))
+
+
+def delta_version() -> str:
+    """The installed ``delta-spark`` version: the Delta JARs fetched match it."""
+    try:
+        return version("delta-spark")
+    except PackageNotFoundError as e:
+        raise ConfigError("the delta-spark package is not installed: pip install lakecast") from e
+
+
+def default_jars_dir(env: dict[str, str]) -> Path:
+    """The shared JAR cache: ``$XDG_CACHE_HOME/lakecast/jars/delta-<version>``."""
+    cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "lakecast" / "jars" / f"delta-{delta_version()}"
+
+
+def find_project_root(env: dict[str, str], cwd: Path | None = None) -> Path:
+    """``LAKECAST_HOME``, else the nearest folder at or above ``cwd`` with a project file
+    (:data:`PROJECT_MARKERS`); a :class:`ConfigError` names the fix when there is none."""
+    if env.get("LAKECAST_HOME"):
+        return Path(env["LAKECAST_HOME"]).expanduser().resolve()
+    here = (cwd or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if any((folder / m).is_file() for m in PROJECT_MARKERS):
+            return folder
+    raise ConfigError(
+        f"no Lakecast project folder: {here} and the folders above it hold none of "
+        f"{', '.join(PROJECT_MARKERS)}. Run from your project's folder, or set "
+        "LAKECAST_HOME=/path/to/project (its var/ then holds the lake, checkpoints and the "
+        "server's folder; LAKECAST_LAKE_ROOT and LAKECAST_CHECKPOINT_ROOT move those)")
+
+
+def project_table(root: Path) -> dict[str, object]:
+    """``[tool.lakecast]`` of the project's ``pyproject.toml`` (empty without one)."""
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from e
+    table = data.get("tool", {}).get("lakecast", {})
+    return table if isinstance(table, dict) else {}
+
+
+def _int(env: dict[str, str], name: str, default: int | None, low: int = 0) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < low:
+        raise ConfigError(f"{name}={raw!r}: use a whole number >= {low}, or unset it for "
+                          f"the default ({default})")
+    return int(raw)
 
 
 def get_settings(env: dict[str, str] | None = None) -> Settings:
     """Resolve settings from the environment (``os.environ`` by default)."""
     env = dict(os.environ if env is None else env)
-    root = Path(env.get("LAKECAST_HOME", str(PROJECT_ROOT))).resolve()
+    root = find_project_root(env)
     var = root / "var"
     conf_file_env = env.get("LAKECAST_SPARK_CONF_FILE")
     conf_file: Path | None
@@ -149,8 +244,9 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         if not conf_file.is_file():
             raise ConfigError(f"LAKECAST_SPARK_CONF_FILE={conf_file_env} does not exist")
     else:
-        default = root / "deploy" / "spark" / "spark-defaults.conf"
-        conf_file = default if default.is_file() else None
+        conf_file = default_file("spark-defaults.conf")
+    jars_env = env.get("LAKECAST_JARS_DIR")
+    pipelines = env.get("LAKECAST_PIPELINES") or project_table(root).get("pipelines")
     return Settings(
         project_root=root,
         lake_root=_path_or_uri(env.get("LAKECAST_LAKE_ROOT", str(var / "lake")), root),
@@ -158,7 +254,7 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
             env.get("LAKECAST_CHECKPOINT_ROOT", str(var / "checkpoints")), root
         ),
         dagster_home=_path_or_uri(env.get("DAGSTER_HOME", str(var / "dagster_home")), root),
-        jars_dir=Path(_path_or_uri(env.get("LAKECAST_JARS_DIR", str(var / "jars")), root)),
+        jars_dir=Path(_path_or_uri(jars_env, root)) if jars_env else default_jars_dir(env),
         spark_master=env.get("LAKECAST_SPARK_MASTER") or None,
         spark_conf_file=conf_file,
         spark_conf=parse_conf_pairs(env.get("LAKECAST_SPARK_CONF", "")),
@@ -168,6 +264,12 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         hold_timeout=parse_duration(env["LAKECAST_HOLD_TIMEOUT"], "LAKECAST_HOLD_TIMEOUT")
         if env.get("LAKECAST_HOLD_TIMEOUT") else DEFAULT_HOLD_TIMEOUT,
         parallelism=_parallelism(env.get("LAKECAST_PARALLELISM", "")),
+        pipelines_module=str(pipelines) if pipelines else None,
+        sensor_interval_seconds=_int(env, "LAKECAST_SENSOR_INTERVAL_SECONDS", 15, 1) or 15,
+        checkpoint_every=_int(env, "LAKECAST_CHECKPOINT_EVERY", 10, 1) or 10,
+        keep_checkpoints=_int(env, "LAKECAST_KEEP_CHECKPOINTS", 10, 1) or 10,
+        maintenance_cron=env.get("LAKECAST_MAINTENANCE_CRON") or "0 3 * * *",
+        maintenance_retention_hours=_int(env, "LAKECAST_MAINTENANCE_RETENTION_HOURS", None),
     )
 
 

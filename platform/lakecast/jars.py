@@ -1,11 +1,16 @@
-"""Fetch Delta Lake's JARs from Maven Central once: ``python -m lakecast.jars``.
+"""Fetch Delta Lake's JARs from Maven Central once: ``lakecast setup``.
 
-The delta-spark wheel ships no JARs. This resolves ``deploy/maven/pom.xml``
-(``io.delta:delta-spark_<spark>_2.13`` and its runtime dependencies) with Maven
-into the JAR folder, then drops every JAR whose artifact pyspark already ships
-(Spark's own copy wins on the classpath anyway). Idempotent: a complete folder
-is left alone (the marker records the pom's digest: a changed pom is fetched again).
-The Spark session factory only ever reads this folder.
+The delta-spark wheel ships no JARs. This resolves the package's ``defaults/pom.xml``
+(``io.delta:delta-spark_<spark>_2.13`` at the installed delta-spark version, and its
+runtime dependencies) with Maven into the JAR folder (``Settings.jars_dir``: a cache
+shared by every project, see :mod:`lakecast.config`), then drops every JAR whose artifact
+pyspark already ships (Spark's own copy wins on the classpath anyway). Idempotent: a
+complete folder is left alone (the marker records the pom's digest and the Delta version:
+another pom or version is fetched again). The Spark session factory only ever reads
+this folder.
+
+Without Maven or a reachable repository, put the JARs in the folder by hand (see
+:func:`by_hand`) and create its ``.complete`` file.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lakecast.config import get_settings
+from lakecast.config import default_file, delta_version, get_settings
 from lakecast.errors import SetupError
 
-FETCH_COMMAND = "make setup"
+FETCH_COMMAND = "lakecast setup"
 _MARKER = ".complete"
 _ARTIFACT = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[^-]+)?)\.jar$")
 
@@ -52,8 +57,27 @@ def local_jars(jars_dir: Path) -> list[Path]:
 
 
 def pom_digest(pom: Path) -> str:
-    """The marker's first line for ``pom``: a folder fetched for another pom is stale."""
-    return f"# pom sha256 {hashlib.sha256(pom.read_bytes()).hexdigest()}"
+    """The marker's first line for ``pom`` at the installed Delta version: a folder fetched
+    for another pom or version is stale."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
+    return f"# pom sha256 {digest} delta {delta_version()}"
+
+
+def jar_delta_version(jars: list[Path]) -> str | None:
+    """The version of the ``delta-spark_*`` JAR among ``jars`` (``None``: none)."""
+    for jar in jars:
+        if jar.name.startswith("delta-spark_"):
+            m = _ARTIFACT.match(jar.name)
+            return m.group("version") if m else None
+    return None
+
+
+def by_hand(jars_dir: Path) -> str:
+    """How to provide the JARs without Maven (one sentence)."""
+    v = delta_version()
+    return (f"put io.delta:delta-spark_4.2_2.13:{v} and io.delta:delta-storage:{v} (plus "
+            f"hadoop-aws and the AWS SDK bundle for s3a:// lakes) in {jars_dir} and create "
+            f"{jars_dir / _MARKER}, or point LAKECAST_JARS_DIR at a folder that has them")
 
 
 def is_current(jars_dir: Path, pom: Path) -> bool:
@@ -72,18 +96,22 @@ def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
         return sorted(jars_dir.glob("*.jar"))
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise SetupError(
-            "Maven (`mvn`) is needed once to fetch Delta's JARs: apt-get install -y maven"
-        )
-    print(f"==> fetching Delta Lake JARs from Maven Central into {jars_dir}", flush=True)
+        raise SetupError(f"Maven (mvn) is not on PATH: install it (e.g. apt-get install -y "
+                         f"maven) and run `{FETCH_COMMAND}` again, or {by_hand(jars_dir)}")
+    print(f"==> fetching Delta Lake {delta_version()} JARs from Maven Central into "
+          f"{jars_dir}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
             f"-DoutputDirectory={tmp}", "-DincludeScope=runtime",
+            f"-Ddelta.version={delta_version()}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise SetupError(f"Maven failed to resolve {pom}:\n{proc.stdout}{proc.stderr}")
+            raise SetupError(
+                f"Maven could not resolve Delta {delta_version()}'s JARs (no reachable "
+                f"repository, or the artifact is missing): {_first_error(proc)}; "
+                f"{by_hand(jars_dir)}")
         shipped = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")}
         jars_dir.mkdir(parents=True, exist_ok=True)
         for old in jars_dir.glob("*.jar"):
@@ -101,12 +129,23 @@ def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
     return kept
 
 
+def _first_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """Maven's first ``[ERROR]`` line (its full output is long)."""
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if "[ERROR]" in line:
+            return line.replace("[ERROR]", "").strip()[:300]
+    return f"mvn exited with {proc.returncode}"
+
+
+def setup(force: bool = False) -> list[Path]:
+    """Fetch the JARs into ``Settings.jars_dir`` once (what ``lakecast setup`` runs)."""
+    return fetch(get_settings().jars_dir, default_file("pom.xml"), force=force)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    settings = get_settings()
     try:
-        fetch(settings.jars_dir, settings.project_root / "deploy" / "maven" / "pom.xml",
-              force="--force" in argv)
+        setup(force="--force" in argv)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -66,7 +66,7 @@ class Server:
 
     @property
     def folder(self) -> Path:
-        return self.settings.project_root / "var" / "server"
+        return self.settings.var_dir / "server"
 
     @property
     def pid_file(self) -> Path:

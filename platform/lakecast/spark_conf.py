@@ -2,7 +2,7 @@
 
 Used by the session factory (:mod:`lakecast.spark`, Spark in this process) and by the
 Lakecast Spark server (:mod:`lakecast.server`, Spark Connect). Precedence: built-in
-defaults < ``deploy/spark/spark-defaults.conf`` (or ``LAKECAST_SPARK_CONF_FILE``) <
+defaults < the package's ``defaults/spark-defaults.conf`` (or ``LAKECAST_SPARK_CONF_FILE``) <
 ``LAKECAST_SPARK_CONF`` < ``LAKECAST_SPARK_MASTER`` < code overrides. Spark starts from
 the local JAR folder only (``spark.jars``; ``spark.jars.packages`` is refused).
 """
@@ -72,12 +72,12 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
     if bad:
         raise ConfigError(
             f"{', '.join(bad)} is not allowed: Lakecast's Spark starts from the local JARs in "
-            f"{settings.jars_dir} and never downloads packages. Add JARs with deploy/maven/pom.xml."
+            f"{settings.jars_dir} and never downloads packages. Add JARs to spark.jars (local files)."
         )
     jars = [str(p) for p in local_jars(settings.jars_dir)]
     extra = [j for j in conf.get("spark.jars", "").split(",") if j]
     conf["spark.jars"] = ",".join(jars + [j for j in extra if j not in jars])
-    log4j = settings.project_root / "deploy" / "spark" / "log4j2.properties"
+    log4j = settings.log4j_file
     if log4j.exists() and "-Dlog4j.configurationFile" not in conf.get(
         "spark.driver.extraJavaOptions", ""
     ):
@@ -85,14 +85,14 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
         conf["spark.driver.extraJavaOptions"] = (
             f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
         )
-    conf.setdefault("spark.sql.warehouse.dir", str(settings.project_root / "var" / "warehouse"))
+    conf.setdefault("spark.sql.warehouse.dir", str(settings.var_dir / "warehouse"))
     return conf
 
 
 def python_env(settings: Settings) -> dict[str, str]:
     """Environment of a Spark JVM: Python workers use this interpreter and can import the
     project's modules; Spark binds to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
-    roots = [str(settings.project_root), str(settings.project_root / "platform")]
+    roots = [str(settings.project_root)]
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
         "PYSPARK_PYTHON": sys.executable,

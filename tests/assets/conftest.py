@@ -12,8 +12,8 @@ from dagster._core.storage.tags import (
 )
 
 from assets import BATCH_ASSETS, BATCH_CHECKS
-from assets.resources import LakecastSparkResource, LakeResource
-from lakecast.tools.datagen import GenSpec
+from assets.datagen import GenSpec
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 
 SMALL = GenSpec(scale=0.1, seed=11, days=3)
 """~200 users, ~20 products, ~5k events over 2026-01-01..2026-01-03."""
@@ -60,7 +60,7 @@ SEGMENTS = AssetSelection.assets("user_features", "user_segments")
 @pytest.fixture
 def small_lake(spark, lake):
     """A temp lake with the SMALL raw data generated."""
-    from lakecast.tools import datagen
+    from assets import datagen
 
     datagen.generate(spark, lake, SMALL)
     return lake

@@ -16,9 +16,8 @@ from dagster import (
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from lakecast.config import PROJECT_ROOT
-from lakecast.delta import io as delta_io
-from lakecast.tables import (
+from assets import datagen, producer
+from assets.tables import (
     DIM_PRODUCTS,
     DIM_USERS,
     EVENTS,
@@ -28,7 +27,8 @@ from lakecast.tables import (
     USER_FEATURES,
     USER_SEGMENTS,
 )
-from lakecast.tools import datagen, producer
+from tests import ROOT as PROJECT_ROOT
+from lakecast.delta import io as delta_io
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 from tests.runs import remote_env

@@ -33,12 +33,11 @@ def test_every_asset_declares_described_columns():
 
 
 def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
-    from jobs.definitions import FACTORY_PIPELINES
-    from jobs.factory_maintenance import factory_tables
-    from jobs.maintenance import TABLES  # the pipelines' own tables live elsewhere
+    from dagster_lakecast.maintenance import factory_tables
+    from jobs.definitions import PIPELINES
 
-    factory = [t for p in FACTORY_PIPELINES for t in factory_tables(p.declaration)]
-    paths = {t.name: t.path(lake) for t in (*TABLES, *factory)}
+    factory = [t for p in PIPELINES for t in factory_tables(p.declaration)]
+    paths = {t.name: t.path(lake) for t in factory}
     df = delta_io.read(spark, paths.get(table, lake.table_path(table)))
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
 
@@ -79,8 +78,8 @@ def assert_materializations_report_declared_columns(*results) -> None:
 
 
 def test_declared_columns_match_the_tables_and_materializations(spark, small_lake):
-    from jobs.microbatch import build_pipeline
-    from lakecast.tools import flags
+    from assets import flags
+    from jobs.storefront.microbatch import build_pipeline
 
     lake = small_lake
     dims = run_assets(DIMS)

@@ -11,8 +11,8 @@ from dagster import (
     build_schedule_context,
 )
 
+from assets.tables import USER_SEGMENTS
 from jobs.definitions import defs
-from lakecast.tables import USER_SEGMENTS
 from tests.assets.conftest import SMALL
 
 
@@ -48,7 +48,7 @@ def test_events_is_an_observable_source_at_its_delta_version(spark, lake):
     from dagster import AssetKey, define_asset_job
 
     from assets.raw import NO_TABLE, events
-    from assets.resources import LakeResource
+    from dagster_lakecast.resources import LakeResource
     from tests.jobs import microbatch_lake as ml
 
     graph = defs.resolve_asset_graph()

@@ -11,15 +11,15 @@ import pyarrow as pa
 from dagster import AssetKey, DagsterInstance
 from deltalake import DeltaTable
 
-from lakecast.delta import io as delta_io
-from lakecast.tables import (
+from assets import datagen
+from assets.tables import (
     EVENTS,
     RAW_PRODUCTS,
     RAW_USERS,
     USER_FEATURES,
     USER_SEGMENTS,
 )
-from lakecast.tools import datagen
+from lakecast.delta import io as delta_io
 from tests.assets import reference
 from tests.assets.conftest import DIMS, SEGMENTS, run_assets
 

@@ -26,14 +26,15 @@ import psycopg2
 import pytest
 from dagster import DagsterEventType
 
+from assets.tables import EVENTS
+from jobs.storefront.pipeline import MICROBATCH_JOB
 from deploy.procs import alive, descendants
-from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
-from jobs.runs import MICROBATCH_JOB
-from lakecast.config import PROJECT_ROOT, get_settings
+from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
+from lakecast.config import get_settings
+from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.spark import get_spark
-from lakecast.tables import EVENTS
 from tests.jobs import microbatch_lake as ml
 from tests.lakecast import cluster_helpers as ch
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 
+from assets import flags
+from assets.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 from lakecast.delta import io as delta_io
-from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
-from lakecast.tools import flags
 
 EVENT_COLUMNS = [
     "event_id", "user_id", "product_id", "event_type", "amount", "event_time", "device",
@@ -151,7 +151,11 @@ def expected_batches(batches: list[pd.DataFrame], segs: pd.DataFrame, vip_pct: f
 def assert_exact(spark, lake, frames: list[pd.DataFrame]) -> None:
     """The pipeline's outputs in ``lake`` hold every event of ``frames`` once, as
     :func:`expected` says (segments v1, vip_discount 10%)."""
-    from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED
+    from jobs.storefront.microbatch import (
+        ENRICHED_EVENTS,
+        ENRICHMENT_REJECTED,
+        ENRICHMENT_UNMATCHED,
+    )
 
     want = expected(pd.concat(frames, ignore_index=True), segments_v1(), 10.0)
     got = {t: delta_io.read(spark, lake.table_path(t)).toPandas()
@@ -169,7 +173,7 @@ def versions(value: str) -> dict[str, int]:
 
 
 def run_microbatch(crash_at: str | None = None, *args: str, remote: str | None = None) -> int:
-    """``python -m jobs.microbatch --max-versions-per-batch 1 ARGS`` in a process of its
+    """``python -m jobs.storefront.microbatch --max-versions-per-batch 1 ARGS`` in a process of its
     own (``LAKECAST_CRASH_AT=crash_at``: SIGKILL at that point, between Spark actions), a
     client of the Spark server at ``remote`` (``None``: its own Spark); its return code
     (-9: killed). Raises when it fails otherwise."""
@@ -179,12 +183,12 @@ def run_microbatch(crash_at: str | None = None, *args: str, remote: str | None =
     import subprocess
     import sys
 
-    from lakecast.config import PROJECT_ROOT
+    from tests import ROOT as PROJECT_ROOT
     from tests.runs import remote_env
 
     env = remote_env(remote, **({"LAKECAST_CRASH_AT": crash_at} if crash_at else {}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.microbatch", "--max-versions-per-batch", "1", *args],
+        [sys.executable, "-m", "jobs.storefront.microbatch", "--max-versions-per-batch", "1", *args],
         cwd=PROJECT_ROOT, env=env, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -1,4 +1,4 @@
-"""``jobs.broadcast_age``: the age of the applied broadcast versions, against the commit
+"""``dagster_lakecast.broadcast_age``: the age of the applied broadcast versions, against the commit
 times ``deltalake`` reports for the same table (no Spark)."""
 
 import time
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from jobs.broadcast_age import broadcast_age
+from dagster_lakecast.broadcast_age import broadcast_age
 
 
 @pytest.fixture

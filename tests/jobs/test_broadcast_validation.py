@@ -18,9 +18,11 @@ import pandas as pd
 import pytest
 from dagster import materialize
 
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
-from jobs.microbatch import (
+from assets import flags
+from assets.tables import DIM_PRODUCTS, USER_SEGMENTS
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.storefront.enrichment import FEATURE_FLAGS, StorefrontEnrichment, validate_events
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT,
     ENRICHMENT_UNMATCHED,
@@ -30,10 +32,8 @@ from jobs.microbatch import (
 )
 from lakecast.api.contracts import BroadcastVersionRefused
 from lakecast.build import broadcast_pipeline
-from lakecast.config import PROJECT_ROOT
+from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
-from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
-from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
 from tests.runs import remote_env
 
@@ -227,7 +227,7 @@ def test_a_table_absent_at_plan_time_stays_absent_in_the_redo(spark, lake, serve
     ml.write_events(spark, lake, ev)
     # the crashed run: a client of the test run's Spark server, killed after its plan
     env = remote_env(server_url, LAKECAST_CRASH_AT="planned:0")
-    proc = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=600, start_new_session=True)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     pipeline = build_pipeline(spark, lake, checkpoint_every=1)

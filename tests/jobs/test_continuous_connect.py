@@ -15,9 +15,9 @@ import time
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from jobs.microbatch import ENRICHED_EVENTS, ENRICHMENT
-from jobs.runs import CONTINUOUS_JOB
-from lakecast.config import PROJECT_ROOT
+from jobs.storefront.pipeline import CONTINUOUS_JOB
+from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
+from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from tests.jobs import microbatch_lake as ml
@@ -112,7 +112,7 @@ def test_terminate_and_kill_mid_batch_keep_outputs_exactly_once(
         instance.report_run_failed(run, "run worker killed (kill -9) by the test")
 
     # 3. the next run redoes it with the same plan: every event once
-    proc = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plans, commits = _log(lake)

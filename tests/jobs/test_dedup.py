@@ -16,14 +16,9 @@ import pandas as pd
 import pytest
 from dagster import materialize
 
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.enrichment_pipeline import (
-    ENRICHED_EVENTS,
-    ENRICHMENT_REJECTED,
-    ENRICHMENT_UNMATCHED,
-    build_pipeline,
-)
-from jobs.microbatch import enrichment_microbatch_assets
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.storefront.microbatch import enrichment_microbatch_assets
+from jobs.storefront.pipeline import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED, build_pipeline
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.dedup import DedupLookup

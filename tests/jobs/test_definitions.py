@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dagster import Definitions
 
-from lakecast.config import PROJECT_ROOT
+from tests import ROOT as PROJECT_ROOT
 
 
 def test_defs_validate_loadable():
@@ -35,7 +35,7 @@ def test_instance_config_allows_one_run_per_exclusive_tag(tmp_path, monkeypatch)
 
     from dagster import DagsterInstance
 
-    from jobs.microbatch import EXCLUSIVE_TAG, enrichment_microbatch
+    from jobs.storefront.microbatch import EXCLUSIVE_TAG, enrichment_microbatch
 
     shutil.copy(PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
@@ -55,9 +55,9 @@ with warnings.catch_warnings(record=True) as caught:
     for name in ("dimension_refresh_job", "daily_segment_refresh_job", "enrichment_microbatch"):
         defs.resolve_job_def(name)
     defs.resolve_schedule_def("daily_segment_refresh")
-    import jobs.demo  # noqa: F401  (the demo resolves its jobs from defs)
+    import jobs.demo.tour  # noqa: F401  (the demo resolves its jobs from defs)
     from dagster import DagsterInstance
-    from jobs.demo_live import SensorLoop
+    from jobs.demo.live import SensorLoop
     with DagsterInstance.ephemeral() as instance:
         SensorLoop(instance)  # resolves enrichment_microbatch from defs
 for w in caught:

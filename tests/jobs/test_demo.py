@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dagster import DagsterInstance
 
-from jobs import demo
-from lakecast.tables import USER_SEGMENTS
+from assets.tables import USER_SEGMENTS
+from jobs.demo import tour as demo
 from tests.assets.conftest import SMALL
 
 
 def test_demo_materializes_through_named_jobs(spark, lake):
+    from assets import datagen
     from lakecast.delta import io as delta_io
-    from lakecast.tools import datagen
 
     datagen.generate(spark, lake, SMALL)
     with DagsterInstance.ephemeral() as instance:
@@ -40,8 +40,8 @@ def test_fraud_tour_runs_the_factory_job_over_two_rules_versions(spark, lake):
     BLOCK rule is enabled; every line's figures are the outputs' rows of that batch."""
     import json
 
-    from jobs.demo_pipelines import DISABLED_RULE, fraud_tour, reset_pipeline
-    from jobs.fraud import FRAUD, FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_RULES
+    from jobs.demo.pipelines import DISABLED_RULE, fraud_tour, reset_pipeline
+    from jobs.fraud.defs import FRAUD, FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_RULES
     from lakecast.delta import io as delta_io
 
     assert reset_pipeline(lake, FRAUD) == []  # a fresh lake: nothing to remove
@@ -74,8 +74,9 @@ def test_scoring_tour_scores_each_batch_with_the_models_version_current_at_it(sp
     predictions per models version and role, and its unmatched, are its batch's rows."""
     import zlib
 
-    from jobs.demo_pipelines import CHALLENGER_SHARES, scoring_tour
-    from jobs.scoring import (
+    from assets import datagen
+    from jobs.demo.pipelines import CHALLENGER_SHARES, scoring_tour
+    from jobs.scoring.pipeline import (
         MODELS,
         PREDICTIONS,
         PREDICTIONS_REJECTED,
@@ -83,7 +84,6 @@ def test_scoring_tour_scores_each_batch_with_the_models_version_current_at_it(sp
         SCORING_UNMATCHED,
     )
     from lakecast.delta import io as delta_io
-    from lakecast.tools import datagen
 
     per_run = 120
     datagen.generate(spark, lake, SMALL)

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 from dagster import AssetKey
 
-from jobs.declaration import PipelineDeclaration
-from jobs.factory import declare_pipeline, output_specs
-from jobs.factory_sensor import pending_work
-from jobs.fraud import FRAUD, RULES_CONTRACT, FraudRules
+from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.factory import declare_pipeline, output_specs
+from dagster_lakecast.sensor import pending_work
+from jobs.fraud.defs import FRAUD, RULES_CONTRACT, FraudRules
 from lakecast.api.contracts import TableContract, check_version
 from lakecast.api.enrich import Lookup, enrich
 from lakecast.build import keyed_pipeline
@@ -55,7 +55,7 @@ def test_a_broadcast_declaration_gives_job_assets_sensor_and_checks():
     # the job runs every check of its outputs after a run but the on-request recomputation
     from dagster import Definitions
 
-    from assets.resources import LakecastSparkResource, LakeResource
+    from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 
     job = Definitions(assets=[made.assets], asset_checks=made.checks, jobs=[made.job],
                       resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
@@ -106,15 +106,15 @@ def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
     """``jobs/definitions.py`` declares the enrichment through the factory: its job, assets,
     sensor and checks in ``defs`` are the ones :func:`declare_pipeline` made from
     ``ENRICHMENT_DECLARATION``, under the names they always had."""
-    from jobs import microbatch, sensors
-    from jobs.definitions import FACTORY_PIPELINES, defs
-    from jobs.fraud import FRAUD_PIPELINE
-    from jobs.runs import WRITER_JOBS
-    from jobs.scoring import SCORING_PIPELINE
+    from jobs.storefront.pipeline import WRITER_JOBS
+    from jobs.definitions import PIPELINES, defs
+    from jobs.fraud.defs import FRAUD_PIPELINE
+    from jobs.scoring.pipeline import SCORING_PIPELINE
+    from jobs.storefront import microbatch, sensors
 
     made = microbatch.ENRICHMENT_PIPELINE
     assert made.declaration is microbatch.ENRICHMENT_DECLARATION
-    assert (made, FRAUD_PIPELINE, SCORING_PIPELINE) == FACTORY_PIPELINES
+    assert (made, FRAUD_PIPELINE, SCORING_PIPELINE) == PIPELINES
     # the job: the factory's asset job, the one defs serves
     assert made.job is microbatch.enrichment_microbatch and made.job.name == "enrichment_microbatch"
     assert any(j is made.job for j in defs.jobs)

@@ -20,14 +20,21 @@ from pathlib import Path
 import pandas as pd
 from dagster import DagsterInstance, DagsterRunStatus
 
-from assets.resources import LakecastSparkResource, LakeResource
+from dagster_lakecast.declaration import CheckpointPolicy
+from dagster_lakecast.maintenance import declare_maintenance, factory_tables
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from examples.common import sorted_rows
-from jobs.declaration import CheckpointPolicy
 from jobs.definitions import defs
-from jobs.enrichment_pipeline import EXCLUSIVE_TAG
-from jobs.factory_maintenance import declare_maintenance, factory_tables
-from jobs.fraud import FRAUD, FRAUD_ALERTS, FRAUD_REJECTED, FRAUD_REVIEW, FRAUD_RULES, TRANSACTIONS
-from jobs.fraud_tables import append_transactions, write_rules
+from jobs.fraud.defs import (
+    FRAUD,
+    FRAUD_ALERTS,
+    FRAUD_REJECTED,
+    FRAUD_REVIEW,
+    FRAUD_RULES,
+    TRANSACTIONS,
+)
+from jobs.fraud.tables import append_transactions, write_rules
+from dagster_lakecast import EXCLUSIVE_TAG
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.runtime.executor import VERSION_COLUMN

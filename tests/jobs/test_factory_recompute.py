@@ -20,12 +20,12 @@ from typing import Any
 
 from dagster import AssetCheckSeverity
 
-from jobs.factory_recompute import recompute_sample
-from jobs.fraud import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
-from jobs.fraud_tables import append_transactions, write_rules
-from jobs.model_training import MODELS_SCHEMA, SCORING_EVENTS_SCHEMA
-from jobs.recompute_rows import compare_current, compare_group
-from jobs.scoring import FEATURES, MODELS, PREDICTIONS, SCORING, SCORING_EVENTS
+from dagster_lakecast.recompute import recompute_sample
+from dagster_lakecast.recompute_rows import compare_current, compare_group
+from jobs.fraud.defs import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
+from jobs.fraud.tables import append_transactions, write_rules
+from jobs.scoring.pipeline import FEATURES, MODELS, PREDICTIONS, SCORING, SCORING_EVENTS
+from jobs.scoring.training import MODELS_SCHEMA, SCORING_EVENTS_SCHEMA
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from tests.jobs.test_fraud_pipeline import BAD, RULE_VERSIONS

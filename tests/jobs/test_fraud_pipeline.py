@@ -17,11 +17,10 @@ from typing import Any
 
 from dagster import AssetKey, DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
+from dagster_lakecast.checks import counts_reconcile, events_freshness, newest_versions_refused
 from examples.common import Step, sorted_rows
 from examples.fraud_detection import MINUTE, reference
-from jobs.enrichment_pipeline import VERSIONS_TAG
-from jobs.factory_checks import counts_reconcile, events_freshness, newest_versions_refused
-from jobs.fraud import (
+from jobs.fraud.defs import (
     FRAUD,
     FRAUD_ALERTS,
     FRAUD_PIPELINE,
@@ -30,13 +29,14 @@ from jobs.fraud import (
     FRAUD_RULES,
     TRANSACTIONS,
 )
-from jobs.fraud_tables import (
+from jobs.fraud.tables import (
     RULES_SCHEMA,
     append_transactions,
     demo_transactions,
     rule,
     write_rules,
 )
+from dagster_lakecast import VERSIONS_TAG
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.runtime.executor import VERSION_COLUMN
@@ -74,7 +74,7 @@ def batch_events(i: int) -> list[Row]:
 
 # ------------------------------------------------------------------ the reference's inputs
 def is_valid(tx: Row) -> bool:
-    """Plain-Python validity (independent of jobs.fraud.validate_transactions)."""
+    """Plain-Python validity (independent of jobs.fraud.defs.validate_transactions)."""
     if any(tx[c] is None for c in ("tx_id", "user_id", "merchant", "ts", "amount")):
         return False
     return not (math.isnan(tx["amount"]) or tx["amount"] < 0)
@@ -262,8 +262,8 @@ def test_demo_fraud_assets_write_and_report_their_declared_columns(spark, lake):
     Delta tables and their materializations' column schemas are the declared ones."""
     from dagster import materialize
 
-    from assets.resources import LakecastSparkResource, LakeResource
-    from jobs.fraud_tables import fraud_rules, transactions
+    from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+    from jobs.fraud.tables import fraud_rules, transactions
 
     result = materialize(
         [fraud_rules, transactions],

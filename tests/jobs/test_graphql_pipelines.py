@@ -48,7 +48,7 @@ def repo() -> Iterator[dict[str, Any]]:
     from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
     from dagster_graphql.test.utils import execute_dagster_graphql
 
-    from lakecast.config import PROJECT_ROOT
+    from tests import ROOT as PROJECT_ROOT
 
     target = InProcessWorkspaceLoadTarget(InProcessCodeLocationOrigin(LoadableTargetOrigin(
         module_name="jobs.definitions", attribute="defs",

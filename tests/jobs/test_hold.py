@@ -16,20 +16,13 @@ from datetime import timedelta
 
 import pandas as pd
 
-from jobs.batch_metadata import result_metadata
-from jobs.enrichment_pipeline import (
-    ENRICHED_EVENTS,
-    ENRICHMENT_HELD,
-    ENRICHMENT_REJECTED,
-    ENRICHMENT_UNMATCHED,
-    build_pipeline,
-    summarize,
-)
-from jobs.factory_checks import counts_reconcile, events_freshness
-from jobs.microbatch import ENRICHMENT_DECLARATION
+from assets.tables import DIM_PRODUCTS
+from dagster_lakecast.checks import counts_reconcile, events_freshness
+from jobs.storefront.batch_metadata import result_metadata
+from jobs.storefront.microbatch import ENRICHMENT_DECLARATION
+from jobs.storefront.pipeline import ENRICHED_EVENTS, ENRICHMENT_HELD, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED, build_pipeline, summarize
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
-from lakecast.tables import DIM_PRODUCTS
 from tests.jobs import microbatch_lake as ml
 
 ENRICH = ["event_id", "user_id", "product_category", "product_price", "segment",

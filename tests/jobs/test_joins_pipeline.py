@@ -9,12 +9,12 @@ import json
 
 import pandas as pd
 
-from jobs.enrichment import validate_events
+from assets.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+from jobs.storefront.enrichment import validate_events
 from lakecast import Lookup, enrich
 from lakecast.build import broadcast_pipeline
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import PipelineSpec
-from lakecast.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
 from tests.jobs import microbatch_lake as ml
 
 

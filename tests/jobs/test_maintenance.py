@@ -17,17 +17,20 @@ import pandas as pd
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
+from assets.tables import USER_SEGMENTS
+from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB, WRITER_JOBS
 from jobs.definitions import defs
-from jobs.enrichment_pipeline import EXCLUSIVE_TAG
-from jobs.maintenance import TABLES, MaintainedTable
-from jobs.microbatch import (
+from dagster_lakecast.maintenance import factory_tables
+from dagster_lakecast.maintenance_tables import MaintainedTable
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
+    ENRICHMENT_DECLARATION,
     ENRICHMENT,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     build_pipeline,
 )
-from jobs.runs import MAINTENANCE_JOB, MICROBATCH_JOB, WRITER_JOBS
+from dagster_lakecast import EXCLUSIVE_TAG
 from lakecast.delta import io as delta_io
 from lakecast.delta.maintenance import (
     default_retention_hours,
@@ -37,11 +40,11 @@ from lakecast.delta.maintenance import (
 from lakecast.errors import LakecastError
 from lakecast.snapshots.checkpointer import snapshot_path
 from lakecast.snapshots.store import SnapshotStore
-from lakecast.tables import USER_SEGMENTS
 from lakecast.tools import cli
 from tests.jobs import microbatch_lake as ml
 
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
+TABLES = factory_tables(ENRICHMENT_DECLARATION)
 OP = "maintain_enrichment_tables"
 
 
@@ -214,8 +217,8 @@ def test_maintenance_and_micro_batches_take_turns(lake, active_job):
     from dagster import materialize
     from dagster._core.storage.dagster_run import DagsterRun
 
-    from assets.resources import LakecastSparkResource, LakeResource
-    from jobs.microbatch import enrichment_microbatch, enrichment_microbatch_assets
+    from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+    from jobs.storefront.microbatch import enrichment_microbatch, enrichment_microbatch_assets
 
     job = defs.resolve_job_def(MAINTENANCE_JOB)
     assert job.tags[EXCLUSIVE_TAG] == enrichment_microbatch.tags[EXCLUSIVE_TAG]

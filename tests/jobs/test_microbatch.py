@@ -8,11 +8,12 @@ import pandas as pd
 import pytest
 from dagster import materialize
 
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.enrichment import StorefrontEnrichment
-from jobs.enrichment_pipeline import ENRICHMENT
-from jobs.factory_recompute import recompute_sample
-from jobs.microbatch import (
+from assets import flags
+from assets.tables import USER_SEGMENTS
+from dagster_lakecast.recompute import recompute_sample
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.storefront.enrichment import StorefrontEnrichment
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT_DECLARATION,
     ENRICHMENT_REJECTED,
@@ -20,12 +21,11 @@ from jobs.microbatch import (
     build_pipeline,
     enrichment_microbatch_assets,
 )
+from jobs.storefront.pipeline import ENRICHMENT
 from lakecast import BroadcastTestHarness, read_broadcast_elements
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import ReconciliationError
 from lakecast.snapshots.checkpointer import snapshot_path
-from lakecast.tables import USER_SEGMENTS
-from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
 
 
@@ -209,8 +209,8 @@ def test_a_second_process_planning_the_same_batch_is_refused(spark, lake):
 
 
 def test_rewritten_events_table_is_a_clear_error_not_duplicates(spark, lake):
+    from assets.tables import EVENTS
     from lakecast.pipeline.micro_batch import AppendOnlyError
-    from lakecast.tables import EVENTS
 
     ml.build(spark, lake)
     ml.write_events(spark, lake, ml.events(0, 10, seed=8))
@@ -251,7 +251,7 @@ def test_state_over_budget_is_a_warning_check_not_a_warning_per_batch(spark, lak
 
     from dagster import AssetCheckSeverity
 
-    from jobs.microbatch import state_budget
+    from jobs.storefront.microbatch import state_budget
     from lakecast.runtime.metrics import StateBudgetWarning, reset_budget_warnings
 
     reset_budget_warnings()

@@ -16,19 +16,19 @@ import pandas as pd
 import pytest
 from dagster import materialize
 
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.microbatch import (
+from assets import flags
+from assets.tables import USER_SEGMENTS
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     build_pipeline,
     enrichment_microbatch_assets,
 )
-from lakecast.config import PROJECT_ROOT
+from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.spark import get_spark, is_connect
-from lakecast.tables import USER_SEGMENTS
-from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
 
 pytestmark = [pytest.mark.connect]
@@ -93,8 +93,8 @@ def test_dagster_job_and_pipeline_run_over_spark_connect(connect_spark, connect_
 
 
 def _job(env: dict[str, str]) -> tuple[int, str, dict]:
-    """``python -m jobs.microbatch`` in its own process; (return code, output, summary)."""
-    proc = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT,
+    """``python -m jobs.storefront.microbatch`` in its own process; (return code, output, summary)."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     summary = {}
@@ -155,7 +155,7 @@ def test_an_unreachable_server_is_a_clear_error_and_nothing_is_written(lake, mon
         port = s.getsockname()[1]
     url = f"sc://127.0.0.1:{port}"
     env = {**os.environ, "LAKECAST_SPARK_REMOTE": url}
-    proc = subprocess.run([sys.executable, "-m", "jobs.microbatch"], cwd=PROJECT_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert url in proc.stderr and "lakecast server start" in proc.stderr

@@ -28,17 +28,10 @@ import pytest
 from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context, materialize
 
 from assets.columns import COLUMNS
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.enrichment_pipeline import VERSIONS_TAG
-from jobs.factory_checks import counts_reconcile, newest_versions_refused
-from jobs.model_training import (
-    MODELS_SCHEMA,
-    SCORING_EVENTS_SCHEMA,
-    TrainingSpec,
-    models,
-    train_models,
-)
-from jobs.scoring import (
+from assets.tables import USER_FEATURES, USER_SEGMENTS
+from dagster_lakecast.checks import counts_reconcile, newest_versions_refused
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.scoring.pipeline import (
     MODELS,
     PREDICTIONS,
     PREDICTIONS_REJECTED,
@@ -47,9 +40,16 @@ from jobs.scoring import (
     SCORING_PIPELINE,
     SCORING_UNMATCHED,
 )
+from jobs.scoring.training import (
+    MODELS_SCHEMA,
+    SCORING_EVENTS_SCHEMA,
+    TrainingSpec,
+    models,
+    train_models,
+)
+from dagster_lakecast import VERSIONS_TAG
 from lakecast.delta import io as delta_io
 from lakecast.runtime.executor import VERSION_COLUMN
-from lakecast.tables import USER_FEATURES, USER_SEGMENTS
 from lakecast.tools import cli
 from tests.assets.conftest import QUIET
 from tests.assets.test_columns import MODEL_TABLES, column_mismatches

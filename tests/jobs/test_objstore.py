@@ -26,14 +26,10 @@ import pandas as pd
 import pytest
 from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
 
+from assets import datagen
+from assets.datagen import GenSpec
 from assets.raw import observe_events_table
-from jobs.microbatch import build_pipeline
-from jobs.sensors import broadcast_versions_sensor
-from lakecast.config import Settings, get_settings
-from lakecast.delta import io as delta_io
-from lakecast.delta import objstore
-from lakecast.spark import get_spark
-from lakecast.tables import (
+from assets.tables import (
     DIM_PRODUCTS,
     DIM_USERS,
     EVENTS,
@@ -42,8 +38,13 @@ from lakecast.tables import (
     USER_FEATURES,
     USER_SEGMENTS,
 )
-from lakecast.tools import cli, datagen
-from lakecast.tools.datagen import GenSpec
+from jobs.storefront.microbatch import build_pipeline
+from jobs.storefront.sensors import broadcast_versions_sensor
+from lakecast.config import Settings, get_settings
+from lakecast.delta import io as delta_io
+from lakecast.delta import objstore
+from lakecast.spark import get_spark
+from lakecast.tools import cli
 from tests.assets import reference
 from tests.assets.conftest import DIMS, SEGMENTS, run_assets
 from tests.jobs.test_snapshot_pipeline import OUTPUTS, _assert_same, _inputs, _outputs

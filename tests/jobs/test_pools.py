@@ -17,10 +17,10 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
 from dagster_graphql.test.utils import execute_dagster_graphql, infer_repository_selector
 
 from assets.common import table_pool
+from assets.tables import USER_SEGMENTS
 from jobs.backfill import WORKSPACE
 from jobs.definitions import defs
 from lakecast.delta import io as delta_io
-from lakecast.tables import USER_SEGMENTS
 from tests.assets.conftest import DIMS, SMALL, run_assets
 
 LAUNCH_RUN = """
@@ -62,7 +62,7 @@ def _step_window(instance: DagsterInstance, run_id: str) -> tuple[float, float]:
 def test_two_ui_launches_of_user_segments_never_write_at_once(
     spark, lake, server_url, monkeypatch
 ):
-    from lakecast.tools import datagen
+    from assets import datagen
 
     datagen.generate(spark, lake, SMALL)
     run_assets(DIMS)

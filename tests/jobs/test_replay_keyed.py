@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from examples.common import sorted_rows
-from jobs.fraud_pipeline import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
-from jobs.fraud_tables import append_transactions, write_rules
+from jobs.fraud.pipeline import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
+from jobs.fraud.tables import append_transactions, write_rules
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline import replay as rp

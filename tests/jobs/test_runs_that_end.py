@@ -19,10 +19,12 @@ from dagster import (
     materialize,
 )
 
-from assets.resources import LakecastSparkResource, LakeResource
-from jobs.batch_metadata import recovered_metadata
-from jobs.continuous import enrichment_continuous
-from jobs.microbatch import (
+from assets.tables import EVENTS
+from jobs.storefront.microbatch import enrichment_continuous
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.storefront.pipeline import CONTINUOUS_JOB, MICROBATCH_JOB
+from jobs.storefront.batch_metadata import recovered_metadata
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT,
     ENRICHMENT_REJECTED,
@@ -31,11 +33,9 @@ from jobs.microbatch import (
     build_pipeline,
     enrichment_microbatch_assets,
 )
-from jobs.runs import CONTINUOUS_JOB, MICROBATCH_JOB
-from jobs.sensors import broadcast_versions_sensor
+from jobs.storefront.sensors import broadcast_versions_sensor
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
-from lakecast.tables import EVENTS
 from tests.jobs import microbatch_lake as ml
 
 OUTPUTS = {ENRICHED_EVENTS: "enriched", ENRICHMENT_UNMATCHED: "unmatched",

@@ -15,18 +15,13 @@ from dagster import (
 )
 from dagster._core.storage.dagster_run import DagsterRun
 
-from jobs.microbatch import ENRICHMENT, EXCLUSIVE_TAG, enrichment_microbatch
-from jobs.sensors import (
-    SENSOR_INTERVAL_SECONDS,
-    broadcast_versions_sensor,
-    parse_cursor,
-    run_key_for,
-    watched_tables,
-    watched_versions,
-)
+from assets import flags
+from assets.tables import EVENTS
+from dagster_lakecast.sensor import parse_cursor, run_key_for
+from jobs.storefront.microbatch import ENRICHMENT, EXCLUSIVE_TAG, enrichment_microbatch
+from jobs.storefront.sensors import broadcast_versions_sensor, watched_tables, watched_versions
+from lakecast.config import get_settings
 from lakecast.pipeline.progress import BatchCommit
-from lakecast.tables import EVENTS
-from lakecast.tools import flags
 from tests.jobs import microbatch_lake as ml
 
 
@@ -217,7 +212,7 @@ def _set_cursor(instance, remote_sensor, cursor: str | None) -> None:
     state = instance.get_instigator_state(remote_sensor.get_remote_origin_id(),
                                           remote_sensor.selector_id)  # fmt: skip
     data = state.instigator_data
-    back = SENSOR_INTERVAL_SECONDS + 1
+    back = get_settings().sensor_interval_seconds + 1
     instance.update_instigator_state(state.with_data(data._replace(
         cursor=cursor,
         last_tick_timestamp=(data.last_tick_timestamp or 0) - back,
@@ -232,7 +227,7 @@ def test_dagster_deduplicates_a_run_key_across_ticks(spark, lake):
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
     from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 
-    from lakecast.config import PROJECT_ROOT
+    from tests import ROOT as PROJECT_ROOT
 
     ml.build(spark, lake)
     ml.write_events(spark, lake, ml.events(0, 10, seed=1))

@@ -20,22 +20,23 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jobs.batch_metadata import result_metadata
-from jobs.enrichment import StorefrontEnrichment
-from jobs.enrichment_pipeline import ENRICHMENT
-from jobs.microbatch import (
+from assets import flags
+from assets.tables import DIM_PRODUCTS, USER_SEGMENTS
+from jobs.storefront.batch_metadata import result_metadata
+from jobs.storefront.enrichment import StorefrontEnrichment
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     build_pipeline,
 )
+from jobs.storefront.pipeline import ENRICHMENT
 from lakecast import BroadcastTestHarness, read_broadcast_elements
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.snapshots.checkpointer import snapshot_path
 from lakecast.snapshots.store import SnapshotStore
-from lakecast.tables import DIM_PRODUCTS, USER_SEGMENTS
-from lakecast.tools import cli, flags
+from lakecast.tools import cli
 from tests.jobs import microbatch_lake as ml
 
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
@@ -82,7 +83,7 @@ def _outputs(spark, lake) -> dict[str, pd.DataFrame]:
 def _check_metadata(spark, lake, r, *, parallelism: int, applied_per_task: int,
                     from_tables: bool = True) -> None:
     """The Dagster metadata of batch result ``r`` (what the micro-batch job records for
-    each output, :func:`jobs.batch_metadata.result_metadata`), each figure against what
+    each output, :func:`jobs.storefront.batch_metadata.result_metadata`), each figure against what
     it describes: the configured parallelism, the tables' Delta versions, the elements
     a cold task has to apply, the state built in this process from the same versions
     (``from_tables``: the tasks built theirs from the tables too), and the checkpoint's

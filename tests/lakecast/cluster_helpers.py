@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from jobs.enrichment import StorefrontEnrichment
+from jobs.storefront.enrichment import StorefrontEnrichment
 from lakecast.api.functions import ReadOnlyContext
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from jobs.enrichment import (
+from jobs.storefront.enrichment import (
     FEATURE_FLAGS,
     FLAGS_CONTRACT,
     StorefrontEnrichment,

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
+from assets import flags
 from lakecast.delta import io as delta_io
-from lakecast.tools import cli, flags
+from lakecast.tools import cli
 
 
 def test_flag_set_list_and_versions(spark, lake, capsys):
@@ -33,7 +34,7 @@ def test_bad_flag_name_is_a_clear_error(spark, lake, capsys):
 
 
 def test_produce_appends_events(spark, lake, capsys):
-    from lakecast.tools import datagen
+    from assets import datagen
 
     datagen.generate(spark, lake, datagen.GenSpec(scale=0.02, days=1))
     before = delta_io.latest_version(lake.table_path("events"))
@@ -58,7 +59,7 @@ def _committed(spark, lake, version):
 
 
 def test_produce_reports_dropped_events_and_ids_never_overlap(spark, lake, capsys):
-    from lakecast.tools import datagen
+    from assets import datagen
 
     datagen.generate(spark, lake, datagen.GenSpec(scale=0.02, days=1))
     for _ in range(2):  # two invocations, 2 commits each
@@ -79,7 +80,7 @@ def test_produce_reports_dropped_events_and_ids_never_overlap(spark, lake, capsy
 
 
 def test_produce_rate_is_events_per_second(spark, lake, capsys):
-    from lakecast.tools import datagen
+    from assets import datagen
 
     datagen.generate(spark, lake, datagen.GenSpec(scale=0.02, days=1))
     assert cli.main(["produce", "--rate", "40", "--every", "0.5", "--batches", "2"]) == 0

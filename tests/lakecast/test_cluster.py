@@ -17,8 +17,8 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from jobs.enrichment import validate_events
-from jobs.microbatch import (
+from jobs.storefront.enrichment import validate_events
+from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT,
     ENRICHMENT_REJECTED,

@@ -12,7 +12,7 @@ import pytest
 
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.api.keyed_state import StateSchemaError, StateTtlConfig, ValueStateDescriptor
-from lakecast.config import PROJECT_ROOT
+from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.rewind import rewind
 from lakecast.runtime.keyed import KeyedBroadcastRuntime

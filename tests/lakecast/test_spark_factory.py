@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from lakecast import jars
-from lakecast.config import PROJECT_ROOT, get_settings, parse_conf_pairs
+from lakecast.config import get_settings, parse_conf_pairs
+from tests import ROOT as PROJECT_ROOT
 from lakecast.errors import ConfigError, SetupError
 from lakecast.spark import build_conf, delta_jar_location
 

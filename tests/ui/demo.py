@@ -29,14 +29,14 @@ from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_START_TAG,
 )
 
-from assets import BATCH_ASSETS
+from assets import BATCH_ASSETS, datagen, flags
 from assets.raw import events_observation
-from assets.resources import LakecastSparkResource, LakeResource
+from assets.tables import USER_SEGMENTS
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs import backfill
-from jobs.microbatch import ENRICHED_EVENTS, enrichment_microbatch_assets, state_budget
-from lakecast.config import PROJECT_ROOT, Settings
-from lakecast.tables import USER_SEGMENTS
-from lakecast.tools import datagen, flags
+from jobs.storefront.microbatch import ENRICHED_EVENTS, enrichment_microbatch_assets, state_budget
+from lakecast.config import Settings
+from tests import ROOT as PROJECT_ROOT
 from tests.assets.conftest import DIMS, QUIET, SEGMENTS
 
 #: ~100 users, ~10 products, ~3.5k event draws over 2026-01-01..02: the smallest demo

@@ -1,7 +1,6 @@
 """Command-line tools: the ``lakecast`` command (:mod:`~lakecast.tools.cli`, with
-``snapshots`` subcommands in :mod:`~lakecast.tools.snapshot_cli`), the deterministic data
-generator (:mod:`~lakecast.tools.datagen`), the live event producer
-(:mod:`~lakecast.tools.producer`) and the feature-flag table
-(:mod:`~lakecast.tools.flags`). Import the modules; nothing is re-exported here."""
+``snapshots`` and ``replay`` subcommands in :mod:`~lakecast.tools.snapshot_cli` and
+:mod:`~lakecast.tools.replay_cli`) and the project's pipelines and commands
+(:mod:`~lakecast.tools.registry`). Import the modules; nothing is re-exported here."""
 
-__all__ = ["cli", "datagen", "flags", "producer", "snapshot_cli"]
+__all__ = ["cli", "registry", "replay_cli", "snapshot_cli"]

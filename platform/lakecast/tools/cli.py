@@ -2,18 +2,16 @@
 
 ::
 
-    lakecast produce --rate 400 --every 5 --batches 12    # 400 events/s, a commit every 5 s
-    lakecast produce --batch-size 2000 --every 5          # 2000 events per commit
-    lakecast flag set vip_discount 15                      # change broadcast config
-    lakecast flag set vip_discount 15 --disabled
-    lakecast flag list
+    lakecast setup                                         # fetch the Delta JARs once
     lakecast versions                                      # newest Delta version per table
     lakecast snapshots list | show ID | diff A B | restore ID   # broadcast state checkpoints
     lakecast server start | stop | status                  # the Lakecast Spark server
     lakecast cluster up | down | status | add-worker       # a local standalone cluster
     lakecast replay enrichment --from 3 --to 7 --state original|latest|TIMESTAMP
 
-Paths come from :mod:`lakecast.config` (``LAKECAST_LAKE_ROOT`` etc.).
+Paths come from :mod:`lakecast.config` (``LAKECAST_LAKE_ROOT`` etc.). A project adds
+commands of its own (e.g. the example project's ``lakecast produce`` and ``lakecast flag``)
+through its pipelines module's ``COMMANDS`` (:mod:`lakecast.tools.registry`).
 """
 
 from __future__ import annotations
@@ -27,74 +25,15 @@ from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 
-FEATURE_FLAGS = "feature_flags"
-DEFAULT_RATE = 200.0
-"""``lakecast produce``'s default rate: events per second."""
 
-
-def _spark():
-    from lakecast.spark import get_spark
-
-    return get_spark(app_name="lakecast-cli")
-
-
-def batch_size(args: argparse.Namespace) -> int:
-    """Events per commit: ``--batch-size``, or ``--rate`` (events per second) x ``--every``."""
-    if args.batch_size is not None:
-        size = args.batch_size
-    else:
-        size = round((DEFAULT_RATE if args.rate is None else args.rate) * args.every)
-    if size < 1:
-        raise ValueError(
-            f"produce: {size} events per commit (--rate {args.rate} x --every {args.every}); "
-            "give --batch-size N, or a --rate and --every whose product is at least 1"
-        )
-    return size
-
-
-def cmd_produce(args: argparse.Namespace) -> int:
-    from lakecast.tools import producer
-
-    size = batch_size(args)
-    if args.batches < 1 or args.every < 0:
-        raise ValueError("produce: --batches must be >= 1 and --every >= 0")
-    settings = get_settings()
-    spark = _spark()
-    for i in range(args.batches):
-        t0 = time.monotonic()
-        res = producer.append_events(spark, settings, size, seed=args.seed + i)
-        ids = (f"ids {res.first_written}..{res.last_written}" if res.rows else "no rows")
-        took = time.monotonic() - t0
-        late = f"; behind: the commit took {took:.1f}s > --every {args.every:g}s" if (
-            i + 1 < args.batches and took > args.every) else ""
-        print(
-            f"[{i + 1}/{args.batches}] events v{res.version}: produced {res.produced} events, "
-            f"dropped {res.dropped} (their users had churned or not signed up yet), "
-            f"appended {res.rows} rows ({ids}; {res.duplicates} deliberate duplicates){late}",
-            flush=True,
-        )
-        if i + 1 < args.batches:
-            time.sleep(max(0.0, args.every - took))
-    return 0
-
-
-def cmd_flag(args: argparse.Namespace) -> int:
-    from lakecast.tools import flags
+def cmd_setup(args: argparse.Namespace) -> int:
+    from lakecast import jars
 
     settings = get_settings()
-    path = settings.table_path(FEATURE_FLAGS)
-    spark = _spark()
-    if args.action == "set":
-        res = flags.set_flag(spark, path, args.name, args.value, enabled=not args.disabled)
-        state = "unchanged" if res.changed == 0 and not res.created else "written"
-        print(f"flag {args.name}={args.value} ({'disabled' if args.disabled else 'enabled'}): "
-              f"{state}, {FEATURE_FLAGS} v{res.version}")  # fmt: skip
-    else:
-        current = flags.read_flags(spark, path)
-        if not current:
-            print("no flags yet (lakecast flag set NAME VALUE)")
-        for name, (enabled, value) in sorted(current.items()):
-            print(f"{name:24} {value:>12}  {'enabled' if enabled else 'disabled'}")
+    kept = jars.setup(force=args.force)
+    print(f"Delta {jars.jar_delta_version(kept) or '?'} JARs ready in {settings.jars_dir} "
+          f"({len(kept)} files); project folder {settings.project_root}, lake "
+          f"{settings.lake_root}")
     return 0
 
 
@@ -172,33 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakecast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser(
-        "produce", help="append generated events to the events table, one commit per --every s",
-        description="Append generated events to the events table: one Delta commit every "
-        "--every seconds, --batches times. Events whose user has churned (about a third: "
-        "~35% of the generated users churn; also any not signed up yet) are dropped by "
-        "the generator, so a commit holds fewer rows than events produced; each line "
-        "says how many were dropped. Event ids continue after the table's largest "
-        "event_id, so they never overlap.",
-    )  # fmt: skip
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--rate", type=float, default=None,
-                      help=f"events produced per second (default {DEFAULT_RATE:g}); each "
-                           "commit holds rate x every events, minus the dropped ones")
-    size.add_argument("--batch-size", type=int, default=None,
-                      help="events produced per commit (instead of --rate)")
-    p.add_argument("--every", type=float, default=5.0, help="seconds between commits")
-    p.add_argument("--batches", type=int, default=10, help="number of commits")
-    p.add_argument("--seed", type=int, default=1000, help="generator seed of the first commit")
-    p.set_defaults(fn=cmd_produce)
-    f = sub.add_parser("flag", help="set or list feature flags (a broadcast table)")
-    fsub = f.add_subparsers(dest="action", required=True)
-    fs = fsub.add_parser("set")
-    fs.add_argument("name")
-    fs.add_argument("value")
-    fs.add_argument("--disabled", action="store_true")
-    fsub.add_parser("list")
-    f.set_defaults(fn=cmd_flag)
+    st = sub.add_parser("setup", help="fetch Delta Lake's JARs once into the JAR cache "
+                                      "(Maven; LAKECAST_JARS_DIR)")
+    st.add_argument("--force", action="store_true", help="fetch again")
+    st.set_defaults(fn=cmd_setup)
     v = sub.add_parser("versions", help="newest Delta version of every table in the lake")
     v.set_defaults(fn=cmd_versions)
     srv = sub.add_parser("server", help="the Lakecast Spark server (Spark Connect + Delta, "
@@ -216,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lakecast.tools.replay_cli import add_parser as add_replay
 
     add_replay(sub)
+    from lakecast.tools.registry import add_project_commands
+
+    add_project_commands(sub)
     return parser
 
 

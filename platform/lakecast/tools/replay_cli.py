@@ -78,5 +78,5 @@ def add_parser(sub: Any) -> None:
                    help="the replay table (default: <output table>_replay; replaced)")
     p.add_argument("--pipelines", default=None,
                    help="module with the PIPELINES mapping (default: $LAKECAST_PIPELINES, "
-                        "else jobs.registry)")
+                        "else [tool.lakecast] pipelines in pyproject.toml)")
     p.set_defaults(fn=cmd_replay)

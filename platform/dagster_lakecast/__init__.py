@@ -1,0 +1,33 @@
+"""Lakecast's Dagster integration: declare a broadcast-state (or keyed) pipeline over your
+Delta tables and get its jobs, sensor, assets, checks and schedule.
+
+Shaped like ``dagster_sling``: the resources do the work, :func:`declare_pipeline` turns a
+:class:`PipelineDeclaration` into definitions, :class:`DagsterLakecastTranslator` maps each
+table to an ``AssetSpec``, and :class:`LakecastPipelineComponent` declares the same from a
+``defs.yaml`` (``dg scaffold defs dagster_lakecast.LakecastPipelineComponent defs/NAME``).
+Nothing else is public; the engine is :mod:`lakecast`.
+"""
+
+from dagster_lakecast.component import LakecastPipelineComponent
+from dagster_lakecast.continuous import ContinuousConfig
+from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
+from dagster_lakecast.factory import PipelineDefinitions, PipelineRunConfig, declare_pipeline
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from dagster_lakecast.tags import EXCLUSIVE_TAG, QUIET_RUN_LOGS, VERSIONS_TAG
+from dagster_lakecast.translator import DagsterLakecastTranslator
+
+__all__ = [
+    "EXCLUSIVE_TAG",
+    "QUIET_RUN_LOGS",
+    "VERSIONS_TAG",
+    "CheckpointPolicy",
+    "ContinuousConfig",
+    "DagsterLakecastTranslator",
+    "LakeResource",
+    "LakecastPipelineComponent",
+    "LakecastSparkResource",
+    "PipelineDeclaration",
+    "PipelineDefinitions",
+    "PipelineRunConfig",
+    "declare_pipeline",
+]

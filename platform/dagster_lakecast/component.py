@@ -1,0 +1,198 @@
+"""``LakecastPipelineComponent``: a Lakecast pipeline declared in a ``defs.yaml``.
+
+``dg scaffold defs dagster_lakecast.LakecastPipelineComponent defs/payments`` writes a
+``defs.yaml`` to fill in::
+
+    type: dagster_lakecast.LakecastPipelineComponent
+    attributes:
+      name: payments
+      function: my_project.defs.payments.function:ToEur   # module:attribute
+      events_table: payments
+      broadcast_tables: [fx_rates]
+      output_table: payments_eur
+      side_outputs: {unmatched: payments_unmatched}
+      parallelism: 2
+      checkpoint: {every: 10, keep: 10}
+      freshness_seconds: 900
+
+It builds the same definitions as :func:`dagster_lakecast.declare_pipeline` (micro-batch
+job, sensor, continuous job, output assets, checks, maintenance job and schedule) and the
+``pyspark`` and ``lake`` resources. A function that does not import, an input table that
+does not exist in the lake, a field of the wrong type or an unknown field fails loading
+with a message naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster.components import Scaffolder, ScaffoldRequest, scaffold_with
+from pydantic import Field
+
+from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
+from dagster_lakecast.factory import declare_pipeline
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from lakecast.config import get_settings
+from lakecast.delta import io as delta_io
+from lakecast.errors import LakecastError
+from lakecast.pipeline.dedup import DedupSpec
+
+__all__ = ["LakecastPipelineComponent"]
+
+#: the resources every component's definitions carry (one object each: they merge)
+RESOURCES: dict[str, Any] = {"pyspark": LakecastSparkResource(), "lake": LakeResource()}
+
+TEMPLATE = """\
+type: {type_name}
+attributes:
+  name: {name}
+  # the process function: module:attribute, a zero-argument callable (usually the class)
+  function: {module}:MyFunction
+  events_table: events
+  broadcast_tables: [my_broadcast_table]
+  output_table: {name}_out
+  # side_outputs: {{unmatched: {name}_unmatched}}
+  parallelism: 2
+  checkpoint: {{every: 10, keep: 10}}
+  freshness_seconds: 900
+"""
+
+
+class ComponentError(LakecastError):
+    """A ``defs.yaml`` of :class:`LakecastPipelineComponent` that cannot be built."""
+
+
+class CheckpointModel(dg.Model):
+    """How state is made durable (:class:`~dagster_lakecast.CheckpointPolicy`)."""
+
+    every: int | None = Field(default=10, description="Checkpoint every N batches "
+                              "(null: never).")
+    keep: int | None = Field(default=10, description="Checkpoints (or rewindable batches) "
+                             "kept.")
+
+
+class DedupModel(dg.Model):
+    """Exactly once per key across batches (:class:`lakecast.pipeline.dedup.DedupSpec`)."""
+
+    key: str = Field(description="The events' key column (e.g. payment_id).")
+    time_column: str = Field(description="The events' event-time column.")
+    reason: str = Field(default="duplicate_key", description="The rejection reason.")
+
+
+class LakecastPipelineScaffolder(Scaffolder):
+    """Writes a ``defs.yaml`` to fill in beside a ``function.py`` placeholder."""
+
+    def scaffold(self, request: ScaffoldRequest) -> None:
+        target = Path(request.target_path)
+        target.mkdir(parents=True, exist_ok=True)
+        name = target.name.replace("-", "_")
+        module = f"<your_package>.defs.{name}.function"
+        if request.project_root is not None:
+            try:
+                rel = target.resolve().relative_to((request.project_root / "src").resolve())
+                module = ".".join(rel.parts) + ".function"
+            except ValueError:
+                pass
+        (target / "defs.yaml").write_text(
+            TEMPLATE.format(type_name=request.type_name, name=name, module=module))
+
+
+def resolve_function(path: str, where: str) -> Any:
+    """The object at ``module:attribute`` (or ``module.attribute``)."""
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    if not module or not attr:
+        raise ComponentError(f"{where}: field 'function' = {path!r} is not an import path; "
+                             "write module:attribute, e.g. my_project.fx:ToEur")
+    try:
+        found = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ComponentError(f"{where}: field 'function' = {path!r} does not import ({e}); "
+                             "fix the module path or the name, and make the module "
+                             "importable from the project") from e
+    if not callable(found):
+        raise ComponentError(f"{where}: field 'function' = {path!r} is not callable; name "
+                             "the process function's class")
+    return found
+
+
+@scaffold_with(LakecastPipelineScaffolder)
+class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
+    """A Lakecast pipeline: a broadcast (or keyed) process function over an events table and
+    broadcast tables, writing an output table (and side outputs), run per sensor tick or
+    continuously."""
+
+    name: str = Field(description="The pipeline's name (jobs are <name>_microbatch, "
+                      "<name>_continuous, <name>_maintenance_job).")
+    function: str = Field(description="module:attribute of the process function's class.")
+    events_table: str = Field(description="The Delta table of events.")
+    broadcast_tables: list[str] = Field(description="The Delta tables whose versions are "
+                                        "the broadcast stream.")
+    output_table: str = Field(description="The main output table.")
+    side_outputs: dict[str, str] = Field(default_factory=dict, description="Side output "
+                                         "name -> table.")
+    rejected_table: str | None = Field(default=None, description="Where invalid events go.")
+    parallelism: int | None = Field(default=None, description="Tasks per batch.")
+    checkpoint: CheckpointModel = Field(default_factory=CheckpointModel)
+    freshness_seconds: float = Field(default=900.0, description="The main output's "
+                                     "freshness window (and the events_fresh check's).")
+    timestamp_column: str | None = Field(default=None, description="The events' time column "
+                                         "(keyed functions' timers).")
+    order_columns: list[str] = Field(default_factory=list, description="Columns that order "
+                                     "a key's events (keyed functions).")
+    dedup: DedupModel | None = Field(default=None, description="Reject later copies of a key.")
+    description: str = ""
+    group_name: str | None = None
+    columns: dict[str, list[dict[str, str]]] = Field(
+        default_factory=dict, description="table -> [{name, type, description}] shown on "
+        "its asset before the first batch.")
+    lineage: dict[str, list[str]] = Field(
+        default_factory=dict, description="output column -> ['table.column', ...] inputs "
+        "(column lineage of the main output).")
+    execution: str = Field(default="tasks", description="tasks (task-local state) or joins "
+                           "(a pure lookup as Spark broadcast joins).")
+
+    def declaration(self, where: str = "defs.yaml") -> PipelineDeclaration:
+        """The :class:`PipelineDeclaration` this component stands for."""
+        function = resolve_function(self.function, where)
+        return PipelineDeclaration(
+            name=self.name, function=function, events_table=self.events_table,
+            broadcast_tables=tuple(self.broadcast_tables), output_table=self.output_table,
+            side_outputs=dict(self.side_outputs), rejected_table=self.rejected_table,
+            parallelism=self.parallelism,
+            checkpoint=CheckpointPolicy(self.checkpoint.every, self.checkpoint.keep),
+            freshness_seconds=self.freshness_seconds,
+            timestamp_column=self.timestamp_column, order_columns=tuple(self.order_columns),
+            dedup=DedupSpec(**self.dedup.model_dump()) if self.dedup else None,
+            description=self.description, group_name=self.group_name,
+            columns={t: dg.TableSchema(columns=[dg.TableColumn(**c) for c in cols])
+                     for t, cols in self.columns.items()},
+            lineage={c: tuple(s) for c, s in self.lineage.items()},
+            execution=self.execution)
+
+    def check_tables(self, where: str) -> None:
+        """Each input table exists in the lake (else a message naming field and fix)."""
+        settings = get_settings()
+        fields = [("events_table", self.events_table),
+                  *(("broadcast_tables", t) for t in self.broadcast_tables)]
+        for field_name, table in fields:
+            path = settings.table_path(table)
+            if not delta_io.table_exists(path):
+                raise ComponentError(
+                    f"{where}: field {field_name!r} names {table!r}, which is not a Delta "
+                    f"table at {path}; create it first (e.g. materialize its asset), or fix "
+                    f"the name (the lake is LAKECAST_LAKE_ROOT={settings.lake_root})")
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        where = str(Path(context.path) / "defs.yaml")
+        try:
+            self.check_tables(where)
+            made = declare_pipeline(self.declaration(where))
+        except LakecastError as e:
+            raise ComponentError(str(e) if where in str(e) else f"{where}: {e}") from e
+        defs = made.definitions()
+        return dg.Definitions.merge(defs, dg.Definitions(resources=RESOURCES))

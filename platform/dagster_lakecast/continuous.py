@@ -1,0 +1,185 @@
+"""``<name>_continuous``: one long run that processes each events commit as it lands, for
+every pipeline the factory declares (broadcast or keyed).
+
+For freshness, where ``<name>_microbatch`` (a run per sensor tick) is too slow: the run
+keeps one warm Spark session (its tasks' broadcast state stays warm), watches the Delta
+logs of the events and broadcast tables without Spark every ``poll_seconds`` and starts a
+batch as soon as a new version commits. Each committed batch is one materialization of
+every output asset, with the same metadata as the micro-batch job
+(:mod:`dagster_lakecast.metadata`).
+
+It stops between two batches when the run is terminated from the UI: Dagster's interrupt
+(SIGINT/SIGTERM to the run worker) is held while a batch runs, so the batch in progress
+commits whole, then the run ends as canceled. It also ends after ``max_seconds``. A
+``kill -9`` cuts a batch short: it committed nothing, and the next run of either job
+redoes it with the same plan. While it is active the sensor requests no micro-batch run,
+and a run of any writer of the pipeline that starts beside it is refused
+(:mod:`dagster_lakecast.runs`).
+
+Without the UI: ``dagster job execute -m <module> -j <name>_continuous --config run.yaml``
+(``ops: {<name>_continuous_loop: {config: {max_seconds: 600}}}``).
+"""
+
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from dagster import (
+    Config,
+    DagsterExecutionInterruptedError,
+    DagsterRunStatus,
+    Failure,
+    JobDefinition,
+    OpExecutionContext,
+    Out,
+    Output,
+    job,
+    op,
+)
+from pydantic import Field
+
+from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.metadata import log_batch, record_batch, record_missed, table_versions
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from dagster_lakecast.runs import refuse_second_writer
+from dagster_lakecast.tags import EXCLUSIVE_TAG, QUIET_RUN_LOGS
+from lakecast.errors import LakecastError
+from lakecast.pipeline.micro_batch import BatchResult
+from lakecast.spark import is_connect
+
+__all__ = ["ContinuousConfig", "declare_continuous", "run_totals"]
+
+
+class ContinuousConfig(Config):
+    """How long a continuous run lasts and how often it looks at the Delta logs."""
+
+    max_seconds: float = Field(default=3600.0, description="End the run after this long "
+                               "(checked between batches).")
+    poll_seconds: float = Field(default=0.25, description="How often to read the Delta "
+                                "logs' versions while idle.")
+    max_batches: int | None = Field(default=None, description="End after this many batches.")
+    parallelism: int | None = Field(
+        default=None, description="Tasks per batch (default: the declaration's).")
+
+
+class StopRequest:
+    """While entered (main thread only), SIGINT and SIGTERM set :attr:`requested` instead of
+    interrupting: the loop finishes the batch in progress, then stops."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._saved: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.requested = True
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _terminating(context: OpExecutionContext) -> bool:
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.status == DagsterRunStatus.CANCELING
+
+
+def run_totals(results: list[BatchResult]) -> dict[str, Any]:
+    """A continuous run's totals: batches, each engine count summed, cold tasks."""
+    totals: dict[str, Any] = {"batches": len(results)}
+    for r in results:
+        for key, value in r.counts.items():
+            if isinstance(value, int | float):
+                totals[key] = totals.get(key, 0) + value
+    totals["cold_tasks"] = sum(r.cold_tasks for r in results)
+    totals["batch_seconds_max"] = round(max((r.seconds for r in results), default=0.0), 3)
+    return totals
+
+
+def _numeric(values: Mapping[str, Any]) -> dict[str, int | float]:
+    return {k: v for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
+    """The continuous job of ``decl`` (see the module docstring)."""
+
+    @op(name=f"{decl.name}_continuous_loop",
+        out=Out(dict, description="The run's totals (also in its log)."),
+        description=f"Process every new {decl.events_table} commit of the {decl.name} "
+                    "pipeline as soon as it lands, until terminated or max_seconds.")
+    def continuous_loop(context: OpExecutionContext, config: ContinuousConfig,
+                        pyspark: LakecastSparkResource, lake: LakeResource) -> Output[dict]:
+        refuse_second_writer(context.instance, context.run_id, decl.continuous_job_name,
+                             decl.writers, decl.name)
+        settings = lake.settings()
+        record_missed(context, decl, settings)
+        spark = pyspark.session_for(decl.name)
+        try:
+            pipeline = decl.build(spark, settings, parallelism=config.parallelism)
+        except LakecastError as e:
+            raise Failure(description=str(e)) from e
+        results: list[BatchResult] = []
+        deadline = time.monotonic() + config.max_seconds
+        seen: dict[str, int | None] | None = None
+        next_status_check = 0.0
+        t0 = time.monotonic()
+        cold = pipeline.warm_up()  # the first batch then finds its task-local state built
+        context.log.info(f"task-local state warmed in {time.monotonic() - t0:.1f}s ({cold} "
+                         f"task(s) were cold); watching {list(table_versions(decl, settings))}"
+                         f" for up to {config.max_seconds:.0f}s")
+        with StopRequest() as stop:
+            try:
+                while time.monotonic() < deadline and not stop.requested:
+                    if config.max_batches is not None and len(results) >= config.max_batches:
+                        break
+                    now = time.monotonic()
+                    if now >= next_status_check:  # the UI's Terminate, in the run's status
+                        if _terminating(context):
+                            context.log.info("terminated: stopping between two batches")
+                            break
+                        next_status_check = now + 1.0
+                    versions = table_versions(decl, settings)
+                    if versions == seen:
+                        time.sleep(config.poll_seconds)
+                        continue
+                    done = pipeline.run(max_batches=1,
+                                        on_batch=lambda r: log_batch(context.log, r))
+                    if not done:  # nothing to do at these versions (broadcast-only change)
+                        seen = versions
+                        continue
+                    record_batch(context, decl, settings, done[0])
+                    results += done
+            except BaseException:
+                if is_connect(spark):  # do not leave the batch's jobs running on the server
+                    spark.interruptAll()
+                raise
+        totals = run_totals(results)
+        if decl.run_metadata is not None:
+            totals.update(_numeric(decl.run_metadata(results)))
+        if stop.requested:
+            context.log.info(f"interrupted after {len(results)} batch(es), none cut short: "
+                             f"{totals}")
+            raise DagsterExecutionInterruptedError()
+        context.log.info(f"continuous run ends: {totals}")
+        return Output(totals, metadata=_numeric(totals))
+
+    @job(name=decl.continuous_job_name,
+         description=f"Continuous mode of the {decl.name} pipeline: one warm run that "
+                     f"processes each {decl.events_table} commit as it lands. Terminate it "
+                     "from the UI to stop.",
+         tags={EXCLUSIVE_TAG: decl.continuous_job_name}, config=QUIET_RUN_LOGS)
+    def continuous_job() -> None:
+        continuous_loop()
+
+    return continuous_job
