@@ -7,7 +7,6 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DEPS   := $(VENV)/.lakecast-deps
-JARS   := var/jars/.complete
 
 export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
 # demo and ui run Spark on the project's Lakecast Spark server (started on demand, kept
@@ -15,11 +14,11 @@ export DAGSTER_HOME ?= $(CURDIR)/var/dagster_home
 # empty for Spark inside each process: `make demo LAKECAST_SPARK_REMOTE=`.
 LAKECAST_SPARK_REMOTE ?= server
 
-.PHONY: setup browser demo test lint ui bench clean clean-lake lock server-start server-stop \
+.PHONY: setup jars browser demo test lint ui bench clean clean-lake lock server-start server-stop \
 	server-status postgres prod-up prod-down prod-status cluster-up cluster-down cluster-status \
 	bench-cluster
 
-setup: $(DEPS) $(JARS)
+setup: $(DEPS) jars
 
 $(DEPS): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Lakecast needs Python >= 3.11, found " + sys.version' 
@@ -29,8 +28,10 @@ $(DEPS): pyproject.toml constraints.txt
 	@$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	@touch $@
 
-$(JARS): deploy/maven/pom.xml $(DEPS)
-	@$(PY) -m lakecast.jars
+# Delta's JARs, once, into the shared JAR cache (lakecast.config: LAKECAST_JARS_DIR);
+# a no-op when they are there
+jars: $(DEPS)
+	@$(VENV)/bin/lakecast setup
 
 # The browser test (tests/ui) drives Debian's chromium through Playwright (Playwright's own
 # browser download is not reachable here). Installed once; nothing to do when on PATH.

@@ -29,6 +29,7 @@ from typing import Any
 
 from assets import flags
 from assets.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+from jobs.instance import ensure_instance
 from jobs.storefront.pipeline import build_pipeline
 from lakecast.cluster import Cluster
 from lakecast.config import Settings, get_settings
@@ -88,7 +89,7 @@ def run_side(name: str, url: str, root: Path, events: int, batches: int) -> dict
            "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
            "DAGSTER_HOME": str(root / "dagster_home"), "LAKECAST_SPARK_REMOTE": url}
     settings = get_settings(env)
-    settings.ensure_local_dirs()
+    ensure_instance(settings)
     spark = get_spark(settings=settings)
     _build(spark, settings)
     pipeline = build_pipeline(get_spark(settings=settings, session="pipeline:enrichment"),

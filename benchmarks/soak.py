@@ -157,8 +157,8 @@ def _maintained(instance: Any) -> int:
     """How many maintenance runs (of either pipeline) have succeeded."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    from jobs.storefront.pipeline import MAINTENANCE_JOB
     from jobs.fraud.defs import FRAUD
+    from jobs.storefront.pipeline import MAINTENANCE_JOB
 
     return sum(instance.get_runs_count(RunsFilter(
         job_name=job, statuses=[DagsterRunStatus.SUCCESS]))
@@ -226,9 +226,9 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
 
     from assets import datagen, producer
     from dagster_lakecast.runs import active_runs
-    from jobs.storefront.pipeline import MICROBATCH_JOB
     from jobs.fraud.defs import FRAUD
     from jobs.storefront.microbatch import ENRICHMENT
+    from jobs.storefront.pipeline import MICROBATCH_JOB
     from lakecast.pipeline.progress import progress_path
     from lakecast.spark import get_spark
 
@@ -363,11 +363,10 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
     from pyspark.sql import functions as F
 
     from assets.tables import EVENTS
-    from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB
     from jobs.definitions import FRAUD_PIPELINE
     from jobs.fraud.defs import FRAUD
     from jobs.storefront.microbatch import MicroBatchRunConfig
-    from jobs.storefront.pipeline import OUTPUTS
+    from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB, OUTPUTS
 
     killed = {k["run_id"] for k in rec["kills"]}
     runs, mats = [], {}

@@ -310,13 +310,16 @@ def _outputs(spark: Any, settings: Settings) -> dict[str, Any]:
 
 def check_restore(spark: Any, settings: Settings, env: dict[str, str]) -> dict[str, Any]:
     """Restore the enrichment pipeline's newest checkpoint (``lakecast snapshots restore``'s
-    path), catch up with ``python -m jobs.storefront.microbatch``, compare the outputs with before."""
+    path), catch up with ``python -m jobs.storefront.microbatch``, compare the outputs with
+    before."""
     from lakecast.snapshots.checkpointer import restore_checkpoint
 
     before = _outputs(spark, settings)
     plan, restored = restore_checkpoint(spark, settings, "enrichment")
-    rolled = {t: len(v["ids"]) for t, v in _outputs(spark, settings).items()}
-    run = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
+    rolled = {t: len(v["ids"]) for t, v in _outputs(spark,
+    settings).items()}
+    run = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
+    env=env,
                          capture_output=True, text=True, timeout=900)
     after = _outputs(spark, settings)
     same_ids = all(before[t]["ids"] == after[t]["ids"] for t in before)
@@ -336,8 +339,8 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
     schedules), their statuses and the tables each maintained."""
     from dagster import DagsterEventType, RunsFilter
 
-    from jobs.storefront.pipeline import MAINTENANCE_JOB
     from jobs.fraud.defs import FRAUD
+    from jobs.storefront.pipeline import MAINTENANCE_JOB
 
     def maintained(run_id: str) -> list[str]:  # the tables it observed (maintained)
         return sorted(e.dagster_event.asset_key.to_user_string() for e in instance.all_logs(

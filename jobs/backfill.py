@@ -23,6 +23,7 @@ from dagster import DagsterInstance, PartitionKeyRange
 
 from assets.features import DAILY_PARTITIONS
 from assets.tables import USER_FEATURES, USER_SEGMENTS
+from jobs.instance import ensure_instance
 from lakecast.config import get_settings
 from lakecast.errors import LakecastError
 
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--to", dest="last", required=True, help="last day, yyyy-mm-dd (inclusive)")
     args = parser.parse_args(argv)
     settings = get_settings()
-    settings.ensure_local_dirs()  # DAGSTER_HOME and its dagster.yaml (deploy/dagster)
+    ensure_instance(settings)  # DAGSTER_HOME and its dagster.yaml (deploy/dagster)
     os.environ["DAGSTER_HOME"] = settings.dagster_home
     with DagsterInstance.get() as instance:
         backfill_id = launch_backfill(instance, args.first, args.last)

@@ -1,6 +1,7 @@
 """The project's pipelines by name and its own commands, for the ``lakecast`` CLI
 (``lakecast replay``; :mod:`lakecast.tools.registry` reads :data:`PIPELINES` and
-:data:`COMMANDS`; ``[tool.lakecast] pipelines`` in ``pyproject.toml`` names this module). Only declarations and builders:
+:data:`COMMANDS`; ``[tool.lakecast] pipelines`` in ``pyproject.toml`` names this module). Only
+declarations and builders:
 no Dagster definitions are made here (the enrichment function's ``assets.transforms``
 still imports the ``assets`` package, whose ``__init__`` imports Dagster).
 
@@ -30,7 +31,7 @@ def build_scoring(spark: Any, settings: Settings) -> MicroBatchPipeline:
     return SCORING.build(spark, settings)
 
 
-def COMMANDS(sub: Any) -> None:  # noqa: N802  (the name the lakecast CLI looks up)
+def COMMANDS(sub: Any) -> None:  # the name the lakecast CLI looks up
     """The storefront's ``lakecast produce`` and ``lakecast flag``."""
     from jobs.storefront.commands import add_commands
 

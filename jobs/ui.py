@@ -7,7 +7,8 @@ sensor-triggered micro-batch job) and where the UI is; everything else is in the
 - the daemon and the webserver log at ``warning`` (``--log-level``): no lines per sensor
   tick, per queued run or per monitoring pass;
 - the runs of Lakecast's jobs print only warnings and errors to the terminal
-  (:data:`dagster_lakecast.runs.QUIET_RUN_LOGS`); every event and log line is still on the run's page;
+  (:data:`dagster_lakecast.runs.QUIET_RUN_LOGS`); every event and log line is still on the run's
+  page;
 - Dagster's nudge to use ``dg dev`` instead (a ``SupersessionWarning`` of ``dagster dev``
   itself) is filtered by its message, nothing else.
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs.instance import ensure_instance
 from lakecast.config import Settings, get_settings
 
 
@@ -104,6 +105,6 @@ def lake(tmp_path, monkeypatch) -> Iterator[Settings]:
     monkeypatch.setenv("LAKECAST_CHECKPOINT_ROOT", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     settings = get_settings()
-    settings.ensure_local_dirs()
+    ensure_instance(settings)
     assert os.environ["LAKECAST_LAKE_ROOT"] == settings.lake_root
     yield settings

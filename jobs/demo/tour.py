@@ -34,6 +34,7 @@ from jobs.definitions import daily_segment_refresh_job, defs, dimension_refresh_
 from jobs.demo.live import reset_demo_lake, run_live
 from jobs.demo.pipelines import fraud_tour, reset_pipeline, scoring_tour
 from jobs.fraud.defs import FRAUD
+from jobs.instance import ensure_instance
 from jobs.scoring.pipeline import SCORING
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
@@ -43,7 +44,7 @@ RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 def dagster_instance(settings: Settings) -> DagsterInstance:
     """The persistent instance in ``settings.dagster_home`` (created if needed)."""
-    settings.ensure_local_dirs()
+    ensure_instance(settings)
     os.environ["DAGSTER_HOME"] = settings.dagster_home
     return DagsterInstance.get()
 

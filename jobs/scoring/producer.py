@@ -1,4 +1,5 @@
-"""The producer of ``scoring_events`` (the scoring pipeline's events table, :mod:`jobs.scoring.pipeline`)
+"""The producer of ``scoring_events`` (the scoring pipeline's events table,
+:mod:`jobs.scoring.pipeline`)
 for the demo: each call appends ``n`` events in one commit, drawn from the lake's users.
 
 An event is a user's features on the newest day of ``user_features`` (a user without

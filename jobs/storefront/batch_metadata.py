@@ -1,6 +1,7 @@
 """The enrichment's own metadata of a committed micro-batch, for each output asset (the
 enrichment declaration's ``metadata`` and ``recovered_metadata`` hooks,
-:mod:`jobs.storefront.microbatch`; the factory adds its generic keys, :mod:`dagster_lakecast.metadata`).
+:mod:`jobs.storefront.microbatch`; the factory adds its generic keys,
+:mod:`dagster_lakecast.metadata`).
 
 Both enrichment jobs record every batch they commit as a materialization of
 ``enriched_events``, ``enrichment_unmatched`` and ``enrichment_rejected`` while the
@@ -16,8 +17,10 @@ killed after N batches still shows those N):
   again) and ``held_expired`` (held events it sent to unmatched after the hold timeout);
 - ``dagster/row_count``: rows in the table after the batch's commit (from the Delta
   log's file statistics, no scan);
-- ``state_bytes_per_task``, ``state_bytes_total`` (x ``parallelism``), ``state_budget_bytes``
-  and ``state_over_budget`` (the ``state_budget`` check reads them: :mod:`dagster_lakecast.state_budget`);
+- ``state_bytes_per_task``, ``state_bytes_total`` (x ``parallelism``),
+``state_budget_bytes``
+  and ``state_over_budget`` (the ``state_budget`` check reads them:
+  :mod:`dagster_lakecast.state_budget`);
 - ``broadcast_age_seconds``, ``broadcast_stale_seconds``, ``broadcast_versions_behind``
   and ``broadcast_age`` (per table): how old the applied broadcast versions are
   (:mod:`dagster_lakecast.broadcast_age`);

@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the pipeline without Dagster (used by the failure tests and for debugging)."""
     from lakecast.spark import get_spark
 
-    parser = argparse.ArgumentParser(prog="python -m jobs.storefront.microbatch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m jobs.storefront.microbatch",
+    description=__doc__)
     parser.add_argument("--max-batches", type=int, default=None)
     parser.add_argument("--max-versions-per-batch", type=int, default=None,
                         help="cap the events versions one batch reads")

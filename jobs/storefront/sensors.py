@@ -1,7 +1,8 @@
 """``broadcast_versions_sensor``: start a micro-batch of the enrichment when there is work.
 
 The pipeline factory builds it from the enrichment's declaration
-(:data:`jobs.storefront.microbatch.ENRICHMENT_DECLARATION`, :mod:`dagster_lakecast.sensor`). Each tick
+(:data:`jobs.storefront.microbatch.ENRICHMENT_DECLARATION`, :mod:`dagster_lakecast.sensor`). Each
+tick
 reads the newest Delta version of every watched table straight from its ``_delta_log`` (a
 directory listing, no Spark, no scan). The cursor holds the versions seen at the last
 evaluation; when they are unchanged the tick skips. Otherwise — and whenever the cursor is

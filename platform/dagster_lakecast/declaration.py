@@ -17,7 +17,8 @@ from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
 from lakecast.pipeline.progress import BatchCommit, BatchPlan
 
-#: the roles of a pipeline's tables (:class:`~dagster_lakecast.translator.DagsterLakecastTranslator`)
+#: the roles of a pipeline's tables
+# (:class:`~dagster_lakecast.translator.DagsterLakecastTranslator`)
 EVENTS, BROADCAST, MAIN, SIDE, REJECTED, STATE, PROGRESS, SNAPSHOTS = (
     "events", "broadcast", "main", "side", "rejected", "state", "progress", "snapshots")
 
@@ -75,8 +76,10 @@ class PipelineDeclaration:
     start and the sensor waits while one is active); ``broadcast_only_runs=False``: a new
     broadcast version alone is no work for the sensor (it applies with the next events);
     ``deps``: output table -> the assets it depends on (default: events and broadcast
-    tables); ``builder`` builds the engine pipeline instead of :meth:`build`'s default;
-    ``run_config``: a subclass of :class:`dagster_lakecast.factory.PipelineRunConfig` whose extra fields
+    tables); ``builder`` builds the engine pipeline instead of :meth:`build`'s
+    default;
+    ``run_config``: a subclass of :class:`dagster_lakecast.factory.PipelineRunConfig` whose extra
+    fields
     go to ``builder``; ``run_metadata`` adds entries to a run's last materializations;
     ``recovered_metadata``: batches committed but not recorded by a killed run are recorded
     by the next one, with this metadata; ``state_budget``: the ``state_budget`` check and

@@ -249,7 +249,7 @@ def declare_pipeline(decl: PipelineDeclaration,
     """The jobs, output assets, sensor, checks and schedule of ``decl``; asset specs from
     ``translator`` (default :class:`DagsterLakecastTranslator`)."""
     translator = translator or DagsterLakecastTranslator()
-    decl = with_asset_keys(decl, translator)
+    declared, decl = decl, with_asset_keys(decl, translator)
     assets = make_assets(decl, translator)
     checks = pipeline_checks(decl)
     # the job runs its outputs' checks after each run, except those that are run on request
@@ -264,5 +264,5 @@ def declare_pipeline(decl: PipelineDeclaration,
         description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
     )
     maintenance = declare_maintenance(decl, translator)
-    return PipelineDefinitions(decl, assets, job, pipeline_sensor(decl, job), checks,
+    return PipelineDefinitions(declared, assets, job, pipeline_sensor(decl, job), checks,
                                maintenance, declare_continuous(decl))

@@ -1,5 +1,6 @@
 """``<name>_maintenance_job`` and its schedule ``<name>_maintenance`` for every pipeline
-declared through the factory (:func:`dagster_lakecast.factory.declare_pipeline`): compact, VACUUM and
+declared through the factory (:func:`dagster_lakecast.factory.declare_pipeline`): compact, VACUUM
+and
 checkpoint the Delta tables the pipeline writes, as ``lake_maintenance_job`` does for the
 enrichment pipeline (:mod:`jobs.storefront.maintenance`, same config, observations and cron).
 

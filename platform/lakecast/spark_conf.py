@@ -72,7 +72,8 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
     if bad:
         raise ConfigError(
             f"{', '.join(bad)} is not allowed: Lakecast's Spark starts from the local JARs in "
-            f"{settings.jars_dir} and never downloads packages. Add JARs to spark.jars (local files)."
+            f"{settings.jars_dir} and never downloads packages. Add JARs to spark.jars (local "
+            f"files)."
         )
     jars = [str(p) for p in local_jars(settings.jars_dir)]
     extra = [j for j in conf.get("spark.jars", "").split(",") if j]

@@ -27,8 +27,8 @@ from assets.tables import (
     USER_FEATURES,
     USER_SEGMENTS,
 )
-from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
+from tests import ROOT as PROJECT_ROOT
 from tests.assets import reference
 from tests.assets.conftest import DAYS, DIM_ONLY, DIMS, SEGMENTS, SMALL, run_assets
 from tests.runs import remote_env

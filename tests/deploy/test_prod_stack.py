@@ -27,14 +27,14 @@ import pytest
 from dagster import DagsterEventType
 
 from assets.tables import EVENTS
-from jobs.storefront.pipeline import MICROBATCH_JOB
 from deploy.procs import alive, descendants
 from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
+from jobs.storefront.pipeline import MICROBATCH_JOB
 from lakecast.config import get_settings
-from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.spark import get_spark
+from tests import ROOT as PROJECT_ROOT
 from tests.jobs import microbatch_lake as ml
 from tests.lakecast import cluster_helpers as ch
 

@@ -188,7 +188,8 @@ def run_microbatch(crash_at: str | None = None, *args: str, remote: str | None =
 
     env = remote_env(remote, **({"LAKECAST_CRASH_AT": crash_at} if crash_at else {}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.storefront.microbatch", "--max-versions-per-batch", "1", *args],
+        [sys.executable, "-m", "jobs.storefront.microbatch", "--max-versions-per-batch", "1",
+        *args],
         cwd=PROJECT_ROOT, env=env, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -32,8 +32,8 @@ from jobs.storefront.microbatch import (
 )
 from lakecast.api.contracts import BroadcastVersionRefused
 from lakecast.build import broadcast_pipeline
-from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
+from tests import ROOT as PROJECT_ROOT
 from tests.jobs import microbatch_lake as ml
 from tests.runs import remote_env
 
@@ -227,7 +227,8 @@ def test_a_table_absent_at_plan_time_stays_absent_in_the_redo(spark, lake, serve
     ml.write_events(spark, lake, ev)
     # the crashed run: a client of the test run's Spark server, killed after its plan
     env = remote_env(server_url, LAKECAST_CRASH_AT="planned:0")
-    proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
+    env=env,
                           capture_output=True, text=True, timeout=600, start_new_session=True)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     pipeline = build_pipeline(spark, lake, checkpoint_every=1)

@@ -15,11 +15,11 @@ import time
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from jobs.storefront.pipeline import CONTINUOUS_JOB
 from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
-from tests import ROOT as PROJECT_ROOT
+from jobs.storefront.pipeline import CONTINUOUS_JOB
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
+from tests import ROOT as PROJECT_ROOT
 from tests.jobs import microbatch_lake as ml
 
 pytestmark = [pytest.mark.connect]

@@ -18,7 +18,12 @@ from dagster import materialize
 
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs.storefront.microbatch import enrichment_microbatch_assets
-from jobs.storefront.pipeline import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED, build_pipeline
+from jobs.storefront.pipeline import (
+    ENRICHED_EVENTS,
+    ENRICHMENT_REJECTED,
+    ENRICHMENT_UNMATCHED,
+    build_pipeline,
+)
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.dedup import DedupLookup

@@ -106,11 +106,11 @@ def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
     """``jobs/definitions.py`` declares the enrichment through the factory: its job, assets,
     sensor and checks in ``defs`` are the ones :func:`declare_pipeline` made from
     ``ENRICHMENT_DECLARATION``, under the names they always had."""
-    from jobs.storefront.pipeline import WRITER_JOBS
     from jobs.definitions import PIPELINES, defs
     from jobs.fraud.defs import FRAUD_PIPELINE
     from jobs.scoring.pipeline import SCORING_PIPELINE
     from jobs.storefront import microbatch, sensors
+    from jobs.storefront.pipeline import WRITER_JOBS
 
     made = microbatch.ENRICHMENT_PIPELINE
     assert made.declaration is microbatch.ENRICHMENT_DECLARATION

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 from dagster import DagsterInstance, DagsterRunStatus
 
+from dagster_lakecast import EXCLUSIVE_TAG
 from dagster_lakecast.declaration import CheckpointPolicy
 from dagster_lakecast.maintenance import declare_maintenance, factory_tables
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
@@ -34,7 +35,6 @@ from jobs.fraud.defs import (
     TRANSACTIONS,
 )
 from jobs.fraud.tables import append_transactions, write_rules
-from dagster_lakecast import EXCLUSIVE_TAG
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.runtime.executor import VERSION_COLUMN

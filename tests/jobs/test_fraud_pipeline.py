@@ -17,6 +17,7 @@ from typing import Any
 
 from dagster import AssetKey, DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
+from dagster_lakecast import VERSIONS_TAG
 from dagster_lakecast.checks import counts_reconcile, events_freshness, newest_versions_refused
 from examples.common import Step, sorted_rows
 from examples.fraud_detection import MINUTE, reference
@@ -36,7 +37,6 @@ from jobs.fraud.tables import (
     rule,
     write_rules,
 )
-from dagster_lakecast import VERSIONS_TAG
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.runtime.executor import VERSION_COLUMN

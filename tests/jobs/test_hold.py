@@ -20,7 +20,14 @@ from assets.tables import DIM_PRODUCTS
 from dagster_lakecast.checks import counts_reconcile, events_freshness
 from jobs.storefront.batch_metadata import result_metadata
 from jobs.storefront.microbatch import ENRICHMENT_DECLARATION
-from jobs.storefront.pipeline import ENRICHED_EVENTS, ENRICHMENT_HELD, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED, build_pipeline, summarize
+from jobs.storefront.pipeline import (
+    ENRICHED_EVENTS,
+    ENRICHMENT_HELD,
+    ENRICHMENT_REJECTED,
+    ENRICHMENT_UNMATCHED,
+    build_pipeline,
+    summarize,
+)
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from tests.jobs import microbatch_lake as ml

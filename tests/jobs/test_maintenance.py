@@ -18,19 +18,19 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
 from assets.tables import USER_SEGMENTS
-from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB, WRITER_JOBS
-from jobs.definitions import defs
+from dagster_lakecast import EXCLUSIVE_TAG
 from dagster_lakecast.maintenance import factory_tables
 from dagster_lakecast.maintenance_tables import MaintainedTable
+from jobs.definitions import defs
 from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
-    ENRICHMENT_DECLARATION,
     ENRICHMENT,
+    ENRICHMENT_DECLARATION,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     build_pipeline,
 )
-from dagster_lakecast import EXCLUSIVE_TAG
+from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB, WRITER_JOBS
 from lakecast.delta import io as delta_io
 from lakecast.delta.maintenance import (
     default_retention_hours,

@@ -26,9 +26,9 @@ from jobs.storefront.microbatch import (
     build_pipeline,
     enrichment_microbatch_assets,
 )
-from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.spark import get_spark, is_connect
+from tests import ROOT as PROJECT_ROOT
 from tests.jobs import microbatch_lake as ml
 
 pytestmark = [pytest.mark.connect]
@@ -93,7 +93,8 @@ def test_dagster_job_and_pipeline_run_over_spark_connect(connect_spark, connect_
 
 
 def _job(env: dict[str, str]) -> tuple[int, str, dict]:
-    """``python -m jobs.storefront.microbatch`` in its own process; (return code, output, summary)."""
+    """``python -m jobs.storefront.microbatch`` in its own process; (return code, output,
+    summary)."""
     proc = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -25,9 +25,9 @@ from assets import flags
 from assets.tables import DIM_PRODUCTS, USER_SEGMENTS
 from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT_REJECTED, ENRICHMENT_UNMATCHED
 from jobs.storefront.pipeline import ENRICHMENT
-from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
+from tests import ROOT as PROJECT_ROOT
 from tests.jobs import microbatch_lake as ml
 from tests.runs import remote_env
 
@@ -47,7 +47,8 @@ def _start(tmp: Path, name: str, *args: str, crash_at: str | None = None,
     out = tmp / f"{name}.out"
     with out.open("w") as fh:  # a file, not a pipe: a chatty child never blocks on it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.storefront.microbatch", "--max-versions-per-batch", "1", *args],
+            [sys.executable, "-m", "jobs.storefront.microbatch", "--max-versions-per-batch", "1",
+            *args],
             cwd=PROJECT_ROOT, env=env, start_new_session=True, stdout=fh,
             stderr=subprocess.STDOUT, text=True,
         )

@@ -29,6 +29,7 @@ from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_contex
 
 from assets.columns import COLUMNS
 from assets.tables import USER_FEATURES, USER_SEGMENTS
+from dagster_lakecast import VERSIONS_TAG
 from dagster_lakecast.checks import counts_reconcile, newest_versions_refused
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs.scoring.pipeline import (
@@ -47,7 +48,6 @@ from jobs.scoring.training import (
     models,
     train_models,
 )
-from dagster_lakecast import VERSIONS_TAG
 from lakecast.delta import io as delta_io
 from lakecast.runtime.executor import VERSION_COLUMN
 from lakecast.tools import cli

@@ -20,9 +20,7 @@ from dagster import (
 )
 
 from assets.tables import EVENTS
-from jobs.storefront.microbatch import enrichment_continuous
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
-from jobs.storefront.pipeline import CONTINUOUS_JOB, MICROBATCH_JOB
 from jobs.storefront.batch_metadata import recovered_metadata
 from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
@@ -31,8 +29,10 @@ from jobs.storefront.microbatch import (
     ENRICHMENT_UNMATCHED,
     VERSIONS_TAG,
     build_pipeline,
+    enrichment_continuous,
     enrichment_microbatch_assets,
 )
+from jobs.storefront.pipeline import CONTINUOUS_JOB, MICROBATCH_JOB
 from jobs.storefront.sensors import broadcast_versions_sensor
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log

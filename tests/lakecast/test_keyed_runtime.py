@@ -12,12 +12,12 @@ import pytest
 
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.api.keyed_state import StateSchemaError, StateTtlConfig, ValueStateDescriptor
-from tests import ROOT as PROJECT_ROOT
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.rewind import rewind
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
 from lakecast.runtime.keyed_store import TAG
 from lakecast.runtime.keyed_tasks import KeyedStateError
+from tests import ROOT as PROJECT_ROOT
 from tests.lakecast import keyed_job as kj
 from tests.lakecast.test_keyed_state import (
     ProfileBadType,

@@ -11,9 +11,9 @@ import pytest
 
 from lakecast import jars
 from lakecast.config import get_settings, parse_conf_pairs
-from tests import ROOT as PROJECT_ROOT
 from lakecast.errors import ConfigError, SetupError
 from lakecast.spark import build_conf, delta_jar_location
+from tests import ROOT as PROJECT_ROOT
 
 
 def test_stdlib_platform_is_not_shadowed():
