@@ -151,8 +151,11 @@ def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
         assert any(c is checks for c in defs.asset_checks)
     assert microbatch.broadcast_versions_accepted in made.checks
     assert microbatch.state_budget in made.checks
-    # maintenance stays lake_maintenance_job; the writers are the enrichment's writer jobs
-    assert made.maintenance is None
+    # the factory's maintenance, under the names lake_maintenance_job / lake_maintenance;
+    # its continuous job is enrichment_continuous; the writers are those three jobs
+    assert made.maintenance.job.name == "lake_maintenance_job"
+    assert made.maintenance.schedule.name == "lake_maintenance"
+    assert made.continuous.name == "enrichment_continuous"
     assert made.declaration.maintenance_job_name == "lake_maintenance_job"
     job_names = {j.name for j in defs.resolve_all_job_defs()}
     assert "lake_maintenance_job" in job_names and "enrichment_maintenance_job" not in job_names

@@ -86,7 +86,7 @@ def test_bad_parallelism_names_the_variable_and_the_fix(value):
 
 def test_missing_jars_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKECAST_JARS_DIR", str(tmp_path / "nojars"))
-    with pytest.raises(SetupError, match="make setup"):
+    with pytest.raises(SetupError, match="lakecast setup"):
         build_conf(get_settings())
 
 
