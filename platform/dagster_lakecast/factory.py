@@ -35,6 +35,7 @@ from dagster import (
     AssetSelection,
     AssetSpec,
     Config,
+    DataVersion,
     Definitions,
     Failure,
     JobDefinition,
@@ -231,7 +232,10 @@ def make_assets(decl: PipelineDeclaration,
             meta["run_batches"] = len(results)
             meta["run_events"] = sum(r.counts["events_in"] for r in results)
             meta.update(run_meta)
-            yield MaterializeResult(asset_key=decl.asset_key(asset), metadata=meta)
+            version = meta.get("delta_version")
+            yield MaterializeResult(
+                asset_key=decl.asset_key(asset), metadata=meta,
+                data_version=DataVersion(str(version)) if version is not None else None)
 
     return run_microbatches
 

@@ -148,6 +148,12 @@ def output_metadata(common: Mapping[str, Any], batch_rows: int, path: str,
     return meta
 
 
+def data_version_tags(meta: Mapping[str, Any]) -> dict[str, str]:
+    """An output's data version: the Delta version its batch committed (none without)."""
+    version = meta.get("delta_version")
+    return {"dagster/data_version": str(version)} if version is not None else {}
+
+
 def log_batch(log: Any, r: BatchResult) -> None:
     """One line per batch in the run's log (and one warning per refused version)."""
     log.info(
@@ -164,7 +170,8 @@ def record_batch(
 ) -> None:
     """Log one materialization per output asset for ``result`` (while the run goes on)."""
     for asset, meta in batch_metadata(decl, settings, result).items():
-        context.log_event(AssetMaterialization(asset_key=decl.asset_key(asset), metadata=meta))
+        context.log_event(AssetMaterialization(asset_key=decl.asset_key(asset), metadata=meta,
+                                               tags=data_version_tags(meta)))
 
 
 def last_recorded_batch(context: OpExecutionContext, asset: Any) -> int | None:

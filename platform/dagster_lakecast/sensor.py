@@ -15,8 +15,10 @@ derived from the versions, tags ``lakecast/versions`` (what the run processes) a
   naming table, version and key) and it applies with the next events. (A declaration with
   ``broadcast_only_runs=False`` skips this: the new version applies with the next events.)
 
-Nothing new: skip. A run of one of the pipeline's writers (its job, the declaration's
-``writer_jobs`` such as ``enrichment_continuous``, its maintenance job) still active: skip
+Every tick that sees an input table at a new Delta version records an observation of its
+asset whose data version is that Delta version (unless the declaration's ``sensor_events``
+hook records its own). Nothing new: skip. A run of one of the pipeline's writers (its job,
+its continuous job, the declaration's ``writer_jobs``, its maintenance job) still active: skip
 without advancing the cursor. An unchanged tick with a planned, uncommitted batch and no
 run active requests one redo run (``<versions key>-redo-<batch id>``). A declaration's
 ``sensor_events`` hook adds asset events to every tick, run or skip (the enrichment
@@ -52,8 +54,11 @@ from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_position
 
+#: the tag under which Dagster records an observation's data version
+DATA_VERSION_TAG = "dagster/data_version"
+
 __all__ = [
-    "evaluate", "parse_cursor", "pending_work", "pipeline_sensor",
+    "evaluate", "input_observations", "parse_cursor", "pending_work", "pipeline_sensor",
     "run_key_for",
 ]  # fmt: skip
 
@@ -115,6 +120,21 @@ def pending_work(
     return None
 
 
+def input_observations(decl: PipelineDeclaration, previous: Mapping[str, int | None] | None,
+                       versions: Mapping[str, int | None]) -> list[AssetObservation]:
+    """An observation of each input table (events, broadcast) whose Delta version moved
+    since the cursor: its data version is that Delta version, so the UI shows which
+    version of a broadcast table each output was computed from."""
+    out = []
+    for table, version in versions.items():
+        if version is None or (previous is not None and previous.get(table) == version):
+            continue
+        out.append(AssetObservation(
+            asset_key=decl.asset_key(table), metadata={"delta_version": version},
+            tags={DATA_VERSION_TAG: str(version)}))
+    return out
+
+
 def _cursor(versions: Mapping[str, int | None]) -> str:
     return json.dumps(versions, sort_keys=True)
 
@@ -141,7 +161,8 @@ def evaluate(
     previous = parse_cursor(context.cursor, versions)
     unchanged = previous == versions
     observed = (list(decl.sensor_events(context, previous, versions, settings))
-                if decl.sensor_events is not None else [])
+                if decl.sensor_events is not None
+                else input_observations(decl, previous, versions))
     # a micro-batch run, another writer, or a maintenance run rewriting the tables
     active = active_runs(context.instance, (job_name, *decl.writers[1:]))
     if active:
