@@ -237,7 +237,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float) -> int:
     env = {**bench_env(root, server.url, args.interval),
            "LAKECAST_MAINTENANCE_CRON": f"*/{args.maintain_every} * * * *",
            "LAKECAST_MAINTENANCE_RETENTION_HOURS": str(args.retention_hours),
-           "LAKECAST_FRAUD_MERCHANT_TTL": args.fraud_ttl,
+           "FRAUD_MERCHANT_TTL": args.fraud_ttl,
            "LAKECAST_CHECKPOINT_EVERY": str(args.checkpoint_every),
            "LAKECAST_KEEP_CHECKPOINTS": str(args.keep_checkpoints)}
     os.environ.update(env)

@@ -71,11 +71,12 @@ RULES_CONTRACT = TableContract(
 )
 
 
-#: ``LAKECAST_FRAUD_MERCHANT_TTL`` (e.g. ``10m``; default 1 h): how long a merchant counts
+#: ``FRAUD_MERCHANT_TTL`` (this example project's own variable, e.g. ``10m``; default
+#: 1 h): how long a merchant counts
 #: as used before; a shorter TTL bounds the keyed state sooner (the soak sets it)
-FRAUD_MERCHANT_TTL = (parse_duration(os.environ["LAKECAST_FRAUD_MERCHANT_TTL"],
-                                     "LAKECAST_FRAUD_MERCHANT_TTL")
-                      if os.environ.get("LAKECAST_FRAUD_MERCHANT_TTL") else MERCHANT_TTL)
+FRAUD_MERCHANT_TTL = (parse_duration(os.environ["FRAUD_MERCHANT_TTL"],
+                                     "FRAUD_MERCHANT_TTL")
+                      if os.environ.get("FRAUD_MERCHANT_TTL") else MERCHANT_TTL)
 
 
 class FraudRules(FraudDetector):

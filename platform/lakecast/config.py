@@ -68,6 +68,66 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable Lakecast reads: its name, default and meaning."""
+
+    name: str
+    default: str
+    description: str
+
+
+#: every environment variable Lakecast reads (the docs' configuration reference is
+#: generated from this table; a test finds every ``LAKECAST_*`` name read in the code here)
+SETTINGS: tuple[Setting, ...] = (
+    Setting("LAKECAST_HOME", "the nearest folder at or above the working directory with a "
+            "pyproject.toml, workspace.yaml, dg.toml or setup.py",
+            "The project folder; its var/ holds the lake, checkpoints, Dagster home, the "
+            "Spark server's and the cluster's folders."),
+    Setting("LAKECAST_LAKE_ROOT", "var/lake", "Root of every Delta table (a path, relative "
+            "to the project folder, or an s3a:// URI)."),
+    Setting("LAKECAST_CHECKPOINT_ROOT", "var/checkpoints", "Root of progress logs and "
+            "broadcast-state snapshots."),
+    Setting("DAGSTER_HOME", "var/dagster_home", "Dagster's instance folder."),
+    Setting("LAKECAST_JARS_DIR", "$XDG_CACHE_HOME/lakecast/jars/delta-<delta-spark version> "
+            "(~/.cache without XDG_CACHE_HOME)", "Where `lakecast setup` puts Delta's JARs "
+            "and Spark finds them."),
+    Setting("LAKECAST_SPARK_MASTER", "local[*]", "Spark master of in-process sessions and of "
+            "the Spark server."),
+    Setting("LAKECAST_SPARK_CONF_FILE", "lakecast/defaults/spark-defaults.conf (package data)",
+            "A spark-defaults.conf whose pairs every session gets."),
+    Setting("LAKECAST_SPARK_CONF", "(none)", "Extra Spark conf as key=value;key=value."),
+    Setting("LAKECAST_SPARK_REMOTE", "(empty: Spark in this process)", "`server`: the "
+            "project's Lakecast Spark server, started on demand; `sc://host:port`: a running "
+            "Spark Connect server."),
+    Setting("LAKECAST_DEDUP_RETENTION", "7d", "How long (by event time) a pipeline remembers "
+            "the keys it accepted, to reject a later copy as a duplicate."),
+    Setting("LAKECAST_HOLD_TIMEOUT", "0", "How long (by plan time) a pipeline retries an "
+            "event its function held before sending it to unmatched."),
+    Setting("LAKECAST_PARALLELISM", "(none: as the events are read)", "Tasks per "
+            "micro-batch when a run does not set it."),
+    Setting("LAKECAST_PIPELINES", "[tool.lakecast] pipelines in the project's pyproject.toml",
+            "The project's pipelines module for the lakecast command (PIPELINES, COMMANDS)."),
+    Setting("LAKECAST_SENSOR_INTERVAL_SECONDS", "15", "Seconds between two ticks of a "
+            "pipeline's sensor."),
+    Setting("LAKECAST_CHECKPOINT_EVERY", "10", "Checkpoint a broadcast pipeline's state every "
+            "N committed batches, when its declaration does not say."),
+    Setting("LAKECAST_KEEP_CHECKPOINTS", "10", "Checkpoints kept, when a declaration does "
+            "not say."),
+    Setting("LAKECAST_MAINTENANCE_CRON", "0 3 * * *", "When the maintenance schedules run "
+            "(cron, UTC)."),
+    Setting("LAKECAST_MAINTENANCE_RETENTION_HOURS", "(none: each table's default, 7 days)",
+            "VACUUM retention of scheduled maintenance runs (never below what rewinds "
+            "need)."),
+    Setting("LAKECAST_SERVER_HOST", "127.0.0.1", "Address the Lakecast Spark server binds."),
+    Setting("LAKECAST_SERVER_PORT", "15002", "Port of the Lakecast Spark server."),
+    Setting("LAKECAST_CLUSTER_PORT", "7077", "Port of the local standalone cluster's master "
+            "(its web UI on the next port)."),
+    Setting("LAKECAST_CRASH_AT", "(none)", "Tests only: kill the process at a named point "
+            "of a batch (lakecast.pipeline.faults)."),
+)
+
+
 def _is_uri(value: str) -> bool:
     return "://" in value
 
