@@ -69,22 +69,28 @@ class PipelineDeclaration:
     ``rejected_table``). ``descriptions``: table -> asset description. ``metadata``: an
     optional :data:`MetadataHook` whose entries join each batch's materializations.
 
-    Optional hooks, for pipelines with a history of their own (the storefront enrichment,
-    :mod:`jobs.storefront.microbatch`): ``sensor`` names the sensor (default ``<name>_sensor``);
-    ``maintenance_job`` names an existing job that maintains the tables (the factory then
-    declares none); ``writer_jobs`` are other jobs that write the tables (a run refuses to
-    start and the sensor waits while one is active); ``broadcast_only_runs=False``: a new
-    broadcast version alone is no work for the sensor (it applies with the next events);
-    ``deps``: output table -> the assets it depends on (default: events and broadcast
-    tables); ``builder`` builds the engine pipeline instead of :meth:`build`'s
-    default;
-    ``run_config``: a subclass of :class:`dagster_lakecast.factory.PipelineRunConfig` whose extra
-    fields
-    go to ``builder``; ``run_metadata`` adds entries to a run's last materializations;
-    ``recovered_metadata``: batches committed but not recorded by a killed run are recorded
-    by the next one, with this metadata; ``state_budget``: the ``state_budget`` check and
-    per-batch budget figures (broadcast state x parallelism); ``sensor_events``: asset
-    events each sensor tick records.
+    ``columns``: table -> its columns (a Dagster ``TableSchema``), shown on its asset
+    before the first batch; ``lineage``: output column -> the ``table.column`` inputs it is
+    computed from (column lineage of the main output); ``freshness_seconds``: the main
+    output's ``FreshnessPolicy`` fails when it was not updated for that long, and the
+    ``events_fresh`` check when an events version older than that is unprocessed.
+
+    Optional hooks, for pipelines with a history of their own (the example project's
+    storefront enrichment): ``sensor`` names the sensor (default ``<name>_sensor``);
+    ``maintenance_job`` and ``maintenance_schedule`` name the maintenance job and its
+    schedule (default ``<name>_maintenance_job``, ``<name>_maintenance``); ``writer_jobs``
+    are other jobs that write the tables (a run refuses to start and the sensor waits while
+    one is active); ``broadcast_only_runs=False``: a new broadcast version alone is no work
+    for the sensor (it applies with the next events); ``deps``: output table -> the assets
+    it depends on (default: events and broadcast tables); ``builder`` builds the engine
+    pipeline instead of :meth:`build`'s default; ``run_config``: a subclass of
+    :class:`~dagster_lakecast.factory.PipelineRunConfig` whose extra fields go to
+    ``builder``; ``run_metadata`` adds entries to a run's last materializations;
+    ``recovered_metadata`` adds entries to the metadata of batches committed but not
+    recorded by a killed run (the next run records them); ``state_budget``: the
+    ``state_budget`` check and per-batch budget figures (broadcast state x parallelism);
+    ``sensor_events``: asset events each sensor tick records (default: an observation of
+    each input table whose Delta version moved).
     """
 
     name: str

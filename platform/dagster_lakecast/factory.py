@@ -13,14 +13,16 @@ and the checkpoint policy. :func:`declare_pipeline` turns it into:
   or a broadcast table has a new Delta version (:mod:`dagster_lakecast.sensor`);
 * asset checks ``counts_reconcile``, ``broadcast_versions_accepted``, ``events_fresh`` and,
   with ``state_budget=True``, ``state_budget`` (:mod:`dagster_lakecast.checks`);
-* ``<name>_maintenance_job`` and its schedule ``<name>_maintenance``: OPTIMIZE, VACUUM and
-  log checkpoints of the pipeline's tables (:mod:`dagster_lakecast.maintenance`), unless the
-  declaration names an existing ``maintenance_job``.
+* ``<name>_continuous``: one long run that processes each commit as it lands
+  (:mod:`dagster_lakecast.continuous`);
+* ``<name>_maintenance_job`` and its schedule ``<name>_maintenance`` (or the names the
+  declaration gives): OPTIMIZE, VACUUM and log checkpoints of the pipeline's tables
+  (:mod:`dagster_lakecast.maintenance`).
 
-The engine part is :meth:`PipelineDeclaration.build` (:mod:`lakecast.build`, or the
-declaration's ``builder``). All three pipelines of ``jobs/definitions.py`` are declared
-here: the storefront enrichment (:mod:`jobs.storefront.microbatch`, with its hooks: run config,
-writers, sensor name and events observation, metadata, state budget), fraud and scoring.
+Asset specs come from a :class:`~dagster_lakecast.translator.DagsterLakecastTranslator`
+(keys, groups, descriptions, declared columns, column lineage, the main output's
+``FreshnessPolicy``). The engine part is :meth:`PipelineDeclaration.build`
+(:mod:`lakecast.build`, or the declaration's ``builder``).
 """
 
 import contextlib

@@ -1,8 +1,9 @@
-"""``<name>_maintenance_job`` and its schedule ``<name>_maintenance`` for every pipeline
-declared through the factory (:func:`dagster_lakecast.factory.declare_pipeline`): compact, VACUUM
-and
-checkpoint the Delta tables the pipeline writes, as ``lake_maintenance_job`` does for the
-enrichment pipeline (:mod:`jobs.storefront.maintenance`, same config, observations and cron).
+"""``<name>_maintenance_job`` and its schedule ``<name>_maintenance`` (or the names the
+declaration gives) for every pipeline declared through the factory
+(:func:`dagster_lakecast.factory.declare_pipeline`): compact, VACUUM and checkpoint the
+Delta tables the pipeline writes (:mod:`dagster_lakecast.maintenance_tables`). The schedule
+runs on ``LAKECAST_MAINTENANCE_CRON`` (daily at 03:00 UTC) and skips while the pipeline's
+continuous job writes.
 
 Tables: the outputs (main, side outputs, rejected), the progress log, and the keyed state
 table (keyed function) or the snapshot table (broadcast function).

@@ -1,5 +1,5 @@
 """``<name>_sensor``: one run of a factory-built job per new vector of table versions
-(``broadcast_versions_sensor`` for the enrichment, :mod:`jobs.storefront.sensors`).
+(or the name the declaration gives).
 
 Each tick reads the newest Delta version of the events table and of every
 broadcast table from their ``_delta_log`` listings (no Spark). The cursor holds the
