@@ -36,6 +36,7 @@ from dagster import (
     OpExecutionContext,
     Out,
     Output,
+    in_process_executor,
     job,
     op,
 )
@@ -178,7 +179,8 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
          description=f"Continuous mode of the {decl.name} pipeline: one warm run that "
                      f"processes each {decl.events_table} commit as it lands. Terminate it "
                      "from the UI to stop.",
-         tags={EXCLUSIVE_TAG: decl.continuous_job_name}, config=QUIET_RUN_LOGS)
+         tags={EXCLUSIVE_TAG: decl.continuous_job_name}, config=QUIET_RUN_LOGS,
+         executor_def=in_process_executor)
     def continuous_job() -> None:
         continuous_loop()
 

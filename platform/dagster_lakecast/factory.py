@@ -45,6 +45,7 @@ from dagster import (
     ScheduleDefinition,
     SensorDefinition,
     define_asset_job,
+    in_process_executor,
     multi_asset,
 )
 from pydantic import Field
@@ -267,6 +268,8 @@ def declare_pipeline(decl: PipelineDeclaration,
         .without_checks() | AssetSelection.checks(*in_runs),
         tags={EXCLUSIVE_TAG: decl.job_name},
         config=QUIET_RUN_LOGS,
+        # the steps share the run's one Spark session instead of a process (and JVM) each
+        executor_def=in_process_executor,
         description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
     )
     maintenance = declare_maintenance(decl, translator)

@@ -43,6 +43,7 @@ from dagster import (
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
+    in_process_executor,
     job,
     op,
     schedule,
@@ -218,6 +219,7 @@ def declare_maintenance(decl: PipelineDeclaration,
             raise Failure(description="; ".join(failed))
 
     @job(name=decl.maintenance_job_name, tags={EXCLUSIVE_TAG: decl.job_name},
+         executor_def=in_process_executor,
          description=f"Compact, VACUUM and checkpoint the Delta tables the {decl.name} "
                      "pipeline writes, keeping what rewinds can restore.")
     def maintenance_job() -> None:
