@@ -173,7 +173,9 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
         asset=decl.asset_key(decl.output_table),
         name="broadcast_versions_accepted",
         description="The newest version of every broadcast table passes the "
-        "function's table contracts.",
+        "function's table contracts (blocking: assets downstream of the output wait for it "
+        "and are not materialized when it fails).",
+        blocking=True,
     )
     def check_versions(pyspark: LakecastSparkResource, lake: LakeResource) -> AssetCheckResult:
         settings = lake.settings()
