@@ -16,7 +16,7 @@ LAKECAST_SPARK_REMOTE ?= server
 
 .PHONY: setup jars browser demo test lint ui bench clean clean-lake lock server-start server-stop \
 	server-status postgres prod-up prod-down prod-status cluster-up cluster-down cluster-status \
-	bench-cluster
+	bench-cluster docs docs-serve
 
 setup: $(DEPS) jars
 
@@ -115,3 +115,11 @@ clean-lake:
 
 clean: clean-lake
 	rm -rf $(VENV) var
+
+# The docs site (mkdocs.yml; generated reference pages: docs/hooks.py) into site/;
+# tests/docs runs the same strict build as part of `make test`
+docs: $(DEPS)
+	@$(VENV)/bin/mkdocs build --strict -q
+
+docs-serve: $(DEPS)
+	@$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000

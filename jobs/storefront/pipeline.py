@@ -87,7 +87,7 @@ def build_pipeline(
     ``settings.parallelism``, ``LAKECAST_PARALLELISM``, else as read) and per checkpoint.
     ``checkpoint_every``: checkpoint the broadcast state every N committed batches
     (``None``: never); ``keep_checkpoints``: retention. A cold start restores the state
-    from the newest complete checkpoint (see ``docs/snapshots.md``).
+    from the newest complete checkpoint (see ``docs/concepts/snapshots.md``).
     ``dedup_retention``: how long by event time an accepted ``event_id`` is remembered
     (default: ``settings.dedup_retention``, ``LAKECAST_DEDUP_RETENTION``).
     ``state_budget_bytes``: budget for the state x parallelism (reported per batch).
