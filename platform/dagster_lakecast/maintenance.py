@@ -8,8 +8,10 @@ continuous job writes.
 Tables: the outputs (main, side outputs, rejected), the progress log, and the keyed state
 table (keyed function) or the snapshot table (broadcast function).
 
-**Rewinds keep working.** A broadcast pipeline's retained checkpoints bound VACUUM as for
-the enrichment (:func:`lakecast.snapshots.horizon.rewind_horizon`). A keyed pipeline has no
+**Rewinds keep working.** A broadcast pipeline's retained checkpoints bound VACUUM
+(:func:`lakecast.snapshots.horizon.rewind_horizon`): an output table's retention is
+raised to the age of the oldest version a retained checkpoint can rewind it to (with a
+warning), and VACUUM keeps those versions' files besides. A keyed pipeline has no
 checkpoints: its state table is versioned with every batch and a rewind
 (:func:`lakecast.pipeline.rewind.rewind`) rolls it back with the outputs, so its restore
 points are its committed batches; the newest ``CheckpointPolicy.keep`` of them stay
@@ -117,14 +119,17 @@ def horizon_of(decl: PipelineDeclaration, settings: Settings, spark: Any) -> Rew
 
 
 def rolled_back_retention(table: MaintainedTable, path: str, config: MaintenanceConfig,
-                          horizon: RewindHorizon, now_ms: int | None = None
+                          horizon: RewindHorizon, now_ms: int | None = None,
+                          keyed: bool = True
                           ) -> tuple[Retention, tuple[int, ...], list[str]]:
     """The VACUUM retention of a table rewinds roll back, the versions VACUUM keeps, and
-    warnings. The retention (configured, else the table's Delta default) stands when it
-    covers the oldest version a rewind needs, which is kept besides; when it is shorter,
-    every version since that one is kept: no file removed after that version was committed
-    is deleted, a retention of exactly its age."""
-    if table.kind != OUTPUT:
+    warnings. Broadcast pipelines (``keyed=False``) and tables never rolled back: as
+    :func:`~dagster_lakecast.maintenance_tables.retention_for` (raised to what retained
+    checkpoints need). Keyed pipelines: the retention (configured, else the table's Delta
+    default) stands when it covers the oldest version a rewind needs, which is kept
+    besides; when it is shorter, every version since that one is kept: no file removed
+    after that version was committed is deleted, a retention of exactly its age."""
+    if table.kind != OUTPUT or not keyed:
         return retention_for(table, path, config, horizon)
     props = table_properties(path)
     default = default_retention_hours(props)
@@ -203,8 +208,8 @@ def declare_maintenance(decl: PipelineDeclaration,
                 context.log.info(f"{table.name}: no Delta table at {path} yet: nothing to do")
                 continue
             try:
-                retention, keep, warnings = rolled_back_retention(table, path, config,
-                                                                   horizon)
+                retention, keep, warnings = rolled_back_retention(
+                    table, path, config, horizon, keyed=decl.keyed)
                 for w in warnings:
                     context.log.warning(w)
                 result = maintain(path, retention, keep, target_size=target)

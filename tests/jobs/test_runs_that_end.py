@@ -21,10 +21,11 @@ from dagster import (
 
 from assets.tables import EVENTS
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
-from jobs.storefront.batch_metadata import recovered_metadata
+from dagster_lakecast.metadata import recovered_batch_metadata
 from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT,
+    ENRICHMENT_DECLARATION,
     ENRICHMENT_REJECTED,
     ENRICHMENT_UNMATCHED,
     VERSIONS_TAG,
@@ -151,7 +152,7 @@ def test_a_batch_committed_but_not_recorded_is_recorded_by_the_next_run(spark, l
         assert unrecorded.plan.batch_id == 1
         plans, commits = read_log(progress_path(lake.checkpoint_root, ENRICHMENT.name))
         (plan,) = [p for p in plans if p.batch_id == 1 and not p.is_restore]
-        logged = recovered_metadata(lake, plan, commits[1])
+        logged = recovered_batch_metadata(ENRICHMENT_DECLARATION, lake, plan, commits[1])
         for asset in recorded:  # what the killed run logged before it died
             instance.report_runless_asset_event(AssetMaterialization(
                 asset_key=asset, metadata={**logged[asset], "recovered": False}))

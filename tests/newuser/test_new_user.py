@@ -160,7 +160,7 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     assert {"fx_microbatch", "fx_continuous", "fx_maintenance_job"} <= jobs, jobs
     assert {s["name"] for s in listed["sensors"]} == {"fx_sensor"}
     assert {s["name"] for s in listed["schedules"]} == {"fx_maintenance"}
-    assets = {a["key"] for a in listed["assets"]}
+    assets = {a["asset_key"] for a in listed["assets"]}
     assert {"payments_eur", "payments_unmatched", "fx_progress", "fx_snapshots"} <= assets
     checks = {c["name"] for c in listed["asset_checks"]}
     assert {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"} <= checks
