@@ -20,8 +20,8 @@ from dagster import (
 )
 
 from assets.tables import EVENTS
-from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from dagster_lakecast.metadata import recovered_batch_metadata
+from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs.storefront.microbatch import (
     ENRICHED_EVENTS,
     ENRICHMENT,
