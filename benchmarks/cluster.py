@@ -16,7 +16,6 @@ Results go to ``benchmarks/results/<name>.json`` (git-ignored).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -27,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.targets import CLUSTER as BENCH
 from jobs.enrichment_pipeline import build_pipeline
 from lakecast.cluster import Cluster
 from lakecast.config import Settings, get_settings
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=3, help="timed batches per side")
     parser.add_argument("--name", default="cluster", help="results/<name>.json")
     args = parser.parse_args(argv)
+    BENCH.start()
     base = get_settings()
     root = Path(tempfile.mkdtemp(prefix="lakecast-bench-cluster-"))
     result: dict[str, Any] = {"events": args.events, "parallelism": PARALLELISM}
@@ -140,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = result["cluster"]["median_seconds"] / result["local"]["median_seconds"]
     result["ratio"] = round(ratio, 3)
     result["target"] = TARGET
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    BENCH.report(result, name=args.name, results_dir=RESULTS)
     print(f"\n{args.events} events per batch, {PARALLELISM} tasks, median of {args.batches}:")
     print(f"  local[2]          {result['local']['median_seconds']:8.2f} s")
     print(f"  2-worker cluster  {result['cluster']['median_seconds']:8.2f} s")

@@ -4,7 +4,9 @@ files of a version are in :mod:`lakecast.delta.files` (re-exported here).
 
 Nothing here lists or replays ``_delta_log``: one ``DeltaTable`` handle per table and
 process is kept and brought up to date with ``update_incremental()`` (it reads only the
-commits after the version it holds), so a poll's cost does not grow with the log. Paths
+commits after the version it holds), so a poll's cost does not grow with the log; on a
+local filesystem, where that call lists the log folder, a poll first ``stat`` s the one
+file a new commit would create and calls it only when there is one. Paths
 may be local or object-store URIs: ``s3a://`` is read as ``s3://`` with the storage
 options of :func:`lakecast.delta.objstore.storage_options`. The :mod:`lakecast.delta.io`
 facade re-exports what callers use.
@@ -94,6 +96,15 @@ def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def _next_commit(path: str, version: int) -> bool:
+    """Whether a local table has a commit file after ``version`` (one ``stat``).
+
+    ``update_incremental`` lists the whole ``_delta_log`` folder on a local filesystem
+    (object stores list from the version on), so a poll first checks the one file that
+    a new commit would create."""
+    return (Path(location(path)[0]) / "_delta_log" / f"{version + 1:020d}.json").exists()
+
+
 def _error(path: str, e: BaseException) -> DeltaIOError:
     if isinstance(e, OSError) and not _is_local(path):
         return objstore._error(path, e)  # names the URI and the settings to fix
@@ -112,6 +123,9 @@ def _handle(path: str) -> _Handle | None:
         h = _HANDLES.get(path)
     if h is not None:
         with h.lock:
+            if h.stamp is not None and not _next_commit(path, h.table.version()) and \
+                    _commit_stamp(path, h.table.version()) == h.stamp:
+                return h  # nothing new (local: two stats; the library lists the folder)
             try:
                 h.table.update_incremental()
                 stamp = _commit_stamp(path, h.table.version())
