@@ -36,6 +36,7 @@ from lakecast.delta.files import (
     table_files,
     verify_checksum,
 )
+from lakecast.errors import LakecastError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,8 +106,8 @@ def _next_commit(path: str, version: int) -> bool:
     return (Path(location(path)[0]) / "_delta_log" / f"{version + 1:020d}.json").exists()
 
 
-def _error(path: str, e: BaseException) -> DeltaIOError:
-    if isinstance(e, OSError) and not _is_local(path):
+def _error(path: str, e: BaseException) -> LakecastError:
+    if not _is_local(path):
         return objstore._error(path, e)  # names the URI and the settings to fix
     return DeltaIOError(f"cannot read the Delta log of {path}: {e}")
 
