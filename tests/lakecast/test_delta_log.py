@@ -64,8 +64,10 @@ def test_a_poll_reads_no_commit_a_checkpoint_covers(tmp_path):
     log.forget(path)
     assert delta_io.latest_version(path) == 139  # cold: checkpoint + 130..139
     assert delta_io.txn_versions(path, "app") == {1: 131, 2: 135}  # no commit file scan
+    held = log._HANDLES[path]
     _commit(path, _rows(999), meta="tag")
     assert delta_io.latest_version(path) == 140
+    assert log._HANDLES[path] is held  # the new commit was read into the same handle
     info = delta_io.commit_info(path, 140)
     assert (info.version, info.operation, info.user_metadata) == (140, "WRITE", "tag")
     assert info.metrics["num_added_rows"] == "1"

@@ -75,7 +75,7 @@ class _Handle:
     """A table's ``DeltaTable`` at its newest version, and what was read through it."""
 
     table: DeltaTable
-    stamp: tuple[int, int] | None  # (inode, mtime_ns) of the newest commit file (local)
+    stamp: tuple[int, int] | None  # (inode, mtime_ns) of its version's commit file (local)
     lock: threading.Lock = field(default_factory=threading.Lock)
     infos: dict[int, CommitInfo] = field(default_factory=dict)
 
@@ -112,8 +112,10 @@ def _error(path: str, e: BaseException) -> LakecastError:
     return DeltaIOError(f"cannot read the Delta log of {path}: {e}")
 
 
-def _handle(path: str) -> _Handle | None:
-    """The up-to-date handle of the table at ``path`` (``None``: no table there)."""
+def _handle(path: str) -> tuple[_Handle, int] | None:
+    """The up-to-date handle of the table at ``path`` and its version (``None``: no
+    table there). A local handle whose newest commit file changed identity (the table
+    was deleted or written anew) is replaced."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -123,17 +125,18 @@ def _handle(path: str) -> _Handle | None:
             _PID[0] = os.getpid()
         h = _HANDLES.get(path)
     if h is not None:
-        with h.lock:
-            if h.stamp is not None and not _next_commit(path, h.table.version()) and \
-                    _commit_stamp(path, h.table.version()) == h.stamp:
-                return h  # nothing new (local: two stats; the library lists the folder)
-            try:
-                h.table.update_incremental()
-                stamp = _commit_stamp(path, h.table.version())
-            except (DeltaError, OSError):
-                stamp = (-2, -2)
-            if stamp == h.stamp:
-                return h
+        with h.lock:  # a DeltaTable is not used from two threads at once
+            version = h.table.version()
+            if _commit_stamp(path, version) == h.stamp:  # still the same table
+                if h.stamp is not None and not _next_commit(path, version):
+                    return h, version  # nothing new: two stats, no listing
+                try:
+                    h.table.update_incremental()  # reads the commits after ``version``
+                    version = h.table.version()
+                    h.stamp = _commit_stamp(path, version)
+                    return h, version
+                except (DeltaError, OSError):
+                    pass  # e.g. the log was cut: load it anew
     uri, options = location(path)
     try:
         dt = DeltaTable(uri, storage_options=options)
@@ -143,10 +146,11 @@ def _handle(path: str) -> _Handle | None:
         return None
     except (DeltaError, OSError) as e:
         raise _error(path, e) from e
-    h = _Handle(dt, _commit_stamp(path, dt.version()))
+    version = dt.version()
+    h = _Handle(dt, _commit_stamp(path, version))
     with _HANDLES_LOCK:
         _HANDLES[path] = h
-    return h
+    return h, version
 
 
 def delta_table(path: str, version: int | None = None) -> DeltaTable:
@@ -181,8 +185,8 @@ def table_exists(path: str, spark: SparkSession | None = None) -> bool:
 def latest_version(path: str, spark: SparkSession | None = None) -> int | None:
     """Newest committed version of the table at ``path``, or ``None`` if there is none.
     Reads only the commits after the version seen last (``spark`` is not used)."""
-    h = _handle(path)
-    return None if h is None else int(h.table.version())
+    found = _handle(path)
+    return None if found is None else int(found[1])
 
 
 @dataclass(frozen=True)
@@ -211,9 +215,10 @@ def commit_infos(path: str, start: int, end: int) -> dict[int, CommitInfo]:
     (it reads the commits from the newest down to ``start``; cached per table)."""
     from deltalake.exceptions import DeltaError
 
-    h = _handle(path)
-    if h is None:
+    found = _handle(path)
+    if found is None:
         raise DeltaIOError(f"{path} is not a Delta table")
+    h = found[0]
     with h.lock:
         want = range(max(start, 0), end + 1)
         if all(v in h.infos for v in want):
@@ -365,7 +370,7 @@ def read_changes_from_log(
         except (DeltaError, DeltaIOError, OSError, ValueError, pa.ArrowException) as e:
             why = f"deltalake cannot read it: {e}"
     if why is not None:
-        log.debug("CDF of %s@%d..%d read by Spark: %s", path, start_version, end_version, why)
+        _fallback(path, f"CDF of versions {start_version}..{end_version}: {why}")
         return None
     want = pa.schema([*schema, pa.field("_change_type", pa.string())])
     versions = rows.column("_commit_version").cast(pa.int64())
@@ -374,9 +379,20 @@ def read_changes_from_log(
         rows = conform(rows.cast(pa.schema([(f.name, _plain(f.type)) for f in rows.schema])),
                        want)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        log.debug("CDF of %s read by Spark: types do not convert: %s", path, e)
+        _fallback(path, f"CDF types do not convert: {e}")
         return None
     return {v: rows.filter(pc.equal(versions, v)) for v in range(start_version, end_version + 1)}
+
+
+_FELL_BACK: set[str] = set()
+
+
+def _fallback(path: str, why: str) -> None:
+    """Log that Spark reads ``path``'s changes: INFO the first time for a table, then
+    DEBUG (a fallback is never silent, and not repeated every poll)."""
+    level = logging.DEBUG if path in _FELL_BACK else logging.INFO
+    _FELL_BACK.add(path)
+    log.log(level, "Delta changes of %s read by Spark: %s", path, why)
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
