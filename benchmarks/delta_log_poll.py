@@ -42,20 +42,21 @@ MIN_COMMITS = 20_000
 def build_table(path: Path, commits: int, checkpoint_every: int) -> None:
     """A table of ``commits`` appends (versions 0..commits-1; one row every
     ``checkpoint_every`` commits, else none), a log checkpoint every ``checkpoint_every``
-    commits; reused if it already has them."""
+    commits; a partly built one is continued, a complete one reused."""
     import pyarrow as pa
     from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 
-    if DeltaTable.is_deltatable(str(path)) and DeltaTable(str(path)).version() >= commits - 1:
-        return
-    shutil.rmtree(path, ignore_errors=True)
     row = pa.table({"id": pa.array([0], pa.int64())})
     empty = row.slice(0, 0)
     hooks = PostCommitHookProperties(create_checkpoint=False)
-    write_deltalake(str(path), row, post_commithook_properties=hooks)
+    if not DeltaTable.is_deltatable(str(path)):
+        shutil.rmtree(path, ignore_errors=True)
+        write_deltalake(str(path), row, post_commithook_properties=hooks)
     dt = DeltaTable(str(path))
     started = time.monotonic()
-    for v in range(1, commits):
+    for v in range(dt.version() + 1, commits):
+        if v % (10 * checkpoint_every) == 0:  # a writer handle accumulates the commits it
+            dt = DeltaTable(str(path))        # saw: a fresh one starts at the checkpoint
         data = row if v % checkpoint_every == 0 else empty
         write_deltalake(dt, data, mode="append", post_commithook_properties=hooks)
         if v % checkpoint_every == 0:
@@ -64,13 +65,13 @@ def build_table(path: Path, commits: int, checkpoint_every: int) -> None:
             print(f"  {v} commits ({time.monotonic() - started:.0f} s)", flush=True)
 
 
-def build(commits: int, checkpoint_every: int) -> dict[str, Path]:
-    """The events table and the broadcast tables (copies of it) under :data:`ROOT`."""
-    events = ROOT / "events"
+def build(commits: int, checkpoint_every: int, root: Path = ROOT) -> dict[str, Path]:
+    """The events table and the broadcast tables (copies of it) under ``root``."""
+    events = root / "events"
     build_table(events, commits, checkpoint_every)
     tables = {"events": events}
     for name in BROADCAST:
-        copy = ROOT / name
+        copy = root / name
         if not (copy / "_delta_log" / f"{commits - 1:020d}.json").exists():
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(events, copy)
@@ -129,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commits", type=int, default=MIN_COMMITS)
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--polls", type=int, default=200)
+    p.add_argument("--root", type=Path, default=ROOT, help="where the tables are built")
     args = p.parse_args(argv)
 
     load = BENCH.start()
-    tables = build(args.commits, args.checkpoint_every)
+    tables = build(args.commits, args.checkpoint_every, args.root)
     events = str(tables["events"])
     paths = [str(t) for t in tables.values()]
     latest = summary(timed(lambda: log.latest_version(events), args.polls))

@@ -206,7 +206,15 @@ def snapshot(path: str, version: int) -> Snapshot:
 
     from lakecast.delta.log import delta_table
 
-    dt = delta_table(path, version)
+    try:
+        dt = delta_table(path, version)
+    except DirectReadUnsupported:
+        raise
+    except DeltaIOError as e:  # e.g. its commits were cleaned from the log
+        if delta_table(path).version() < version:  # raises if there is no table at all
+            raise
+        raise DirectReadUnsupported(f"{path}@v{version}: deltalake cannot load this version "
+                                    f"from the log: {e.__cause__ or e}") from e
     try:
         proto = dt.protocol()
         features = set(proto.reader_features or [])
