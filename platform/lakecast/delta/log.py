@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from functools import cache
@@ -58,8 +59,8 @@ _INFO_CACHE = 4096
 def location(path: str) -> tuple[str, dict[str, str] | None]:
     """``(uri, storage_options)`` for ``deltalake``: a local path as is (``file://``
     stripped), ``s3a://`` as ``s3://``, object stores with :mod:`objstore`'s options."""
-    if path.startswith("file://"):
-        return path.removeprefix("file://"), None
+    if path.startswith("file:"):
+        return re.sub(r"^file:(//)?", "", path), None
     scheme = urlparse(path).scheme
     if scheme in objstore.SCHEMES:
         return "s3://" + path.split("://", 1)[1], objstore.storage_options()
@@ -67,7 +68,7 @@ def location(path: str) -> tuple[str, dict[str, str] | None]:
 
 
 def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
+    return "://" not in path or path.startswith("file:")
 
 
 @dataclass
@@ -81,6 +82,7 @@ class _Handle:
 
 
 _HANDLES: dict[str, _Handle] = {}
+_MISSING = (-1, -1)  # the stamp of a commit file that is not there
 _HANDLES_LOCK = threading.Lock()
 _PID = [os.getpid()]
 
@@ -93,7 +95,7 @@ def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
     try:
         st = (Path(location(path)[0]) / "_delta_log" / f"{version:020d}.json").stat()
     except OSError:
-        return (-1, -1)
+        return _MISSING
     return st.st_ino, st.st_mtime_ns
 
 
@@ -127,7 +129,7 @@ def _handle(path: str) -> tuple[_Handle, int] | None:
     if h is not None:
         with h.lock:  # a DeltaTable is not used from two threads at once
             version = h.table.version()
-            if _commit_stamp(path, version) == h.stamp:  # still the same table
+            if _commit_stamp(path, version) == h.stamp != _MISSING:  # the same table
                 if h.stamp is not None and not _next_commit(path, version):
                     return h, version  # nothing new: two stats, no listing
                 try:
