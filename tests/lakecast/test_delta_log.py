@@ -100,12 +100,12 @@ def test_a_table_deleted_or_written_anew_at_the_same_path_is_seen(tmp_path):
 def test_txn_versions_map_each_app_version_to_its_commit(tmp_path):
     path = str(tmp_path / "t")
     write_deltalake(path, _rows(0))  # v0
-    plan = {1: ("a", 10), 2: None, 3: ("b", 1), 4: ("a", 11), 5: None, 6: None,
+    plan = {1: ("a", 10), 2: None, 3: ("b", 0), 4: ("a", 11), 5: None, 6: None,
             7: ("a", 15), 8: ("b", 2)}
     for v, txn in plan.items():
         _commit(path, _rows(v), txn=txn)
     assert delta_io.txn_versions(path, "a") == {10: 1, 11: 4, 15: 7}
-    assert delta_io.txn_versions(path, "b") == {1: 3, 2: 8}
+    assert delta_io.txn_versions(path, "b") == {0: 3, 2: 8}  # 0: a checkpoint id too
     assert delta_io.txn_versions(path, "c") == {}
     assert delta_io.txn_versions(str(tmp_path / "none"), "a") == {}
 

@@ -2,14 +2,16 @@
 ``txn`` versions, the Change Data Feed of a version range, a commit's actions; the active
 files of a version are in :mod:`lakecast.delta.files` (re-exported here).
 
-Nothing here lists or replays ``_delta_log``: one ``DeltaTable`` handle per table and
+Nothing here lists or replays ``_delta_log`` by hand: one ``DeltaTable`` handle per table and
 process is kept and brought up to date with ``update_incremental()`` (it reads only the
 commits after the version it holds), so a poll's cost does not grow with the log; on a
-local filesystem, where that call lists the log folder, a poll first ``stat`` s the one
-file a new commit would create and calls it only when there is one. Paths
-may be local or object-store URIs: ``s3a://`` is read as ``s3://`` with the storage
-options of :func:`lakecast.delta.objstore.storage_options`. The :mod:`lakecast.delta.io`
-facade re-exports what callers use.
+local filesystem, where that call lists the log folder, a poll first checks (``stat``)
+the one file a new commit would create and calls it only when there is one. The one
+exception is :func:`commit_actions`, which reads the one commit file it is asked for
+(``deltalake`` exposes no commit's actions). Paths may be local or object-store URIs:
+``s3a://`` is read as ``s3://`` with the storage options of
+:func:`lakecast.delta.objstore.storage_options`. The :mod:`lakecast.delta.io` facade
+re-exports what callers use.
 """
 
 from __future__ import annotations
@@ -300,7 +302,8 @@ def txn_versions(path: str, app_id: str, spark: SparkSession | None = None) -> d
             dt.load_as_version(v)
         except (DeltaError, OSError):  # cleaned from the log: nothing known before
             return -1
-        return int(dt.transaction_version(app_id) or -1)
+        found = dt.transaction_version(app_id)
+        return -1 if found is None else int(found)
 
     out: dict[int, int] = {}
     stack = [(-1, latest)]
