@@ -28,7 +28,6 @@ All data is generated with ``spark.range``; results go to
 from __future__ import annotations
 
 import argparse
-import json
 import platform as _stdlib_platform
 import shutil
 import statistics
@@ -40,6 +39,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from benchmarks.targets import BROADCAST_ENRICHMENT as BENCH
 from lakecast import BroadcastRuntime, Lookup, enrich
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--arrow-batch", type=int, default=None,
                     help="spark.sql.execution.arrow.maxRecordsPerBatch (Spark default 10000)")
     args = ap.parse_args(argv)
+    started = BENCH.start()
     s = args.scale
     spark = get_spark(app_name="lakecast-bench")
     if args.arrow_batch:
@@ -415,9 +416,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["b"] = scenario_b(spark, root, int(1_000_000 * s), args.batches,
                               int(50_000 * s), 0.01, lineage)
     out["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{args.name}.json"
-    path.write_text(json.dumps(out, indent=2, default=str))
+    BENCH.report(out, started, name=args.name, results_dir=RESULTS)
     _print(out, path)
     shutil.rmtree(root, ignore_errors=True)
     return out

@@ -16,7 +16,6 @@ Results go to ``benchmarks/results/<name>.json`` (git-ignored).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -29,6 +28,7 @@ from typing import Any
 
 from assets import flags
 from assets.tables import DIM_PRODUCTS, EVENTS, USER_SEGMENTS
+from benchmarks.targets import CLUSTER as BENCH
 from jobs.instance import ensure_instance
 from jobs.storefront.pipeline import build_pipeline
 from lakecast.cluster import Cluster
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=3, help="timed batches per side")
     parser.add_argument("--name", default="cluster", help="results/<name>.json")
     args = parser.parse_args(argv)
+    BENCH.start()
     base = get_settings()
     root = Path(tempfile.mkdtemp(prefix="lakecast-bench-cluster-"))
     result: dict[str, Any] = {"events": args.events, "parallelism": PARALLELISM}
@@ -141,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = result["cluster"]["median_seconds"] / result["local"]["median_seconds"]
     result["ratio"] = round(ratio, 3)
     result["target"] = TARGET
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    BENCH.report(result, name=args.name, results_dir=RESULTS)
     print(f"\n{args.events} events per batch, {PARALLELISM} tasks, median of {args.batches}:")
     print(f"  local[2]          {result['local']['median_seconds']:8.2f} s")
     print(f"  2-worker cluster  {result['cluster']['median_seconds']:8.2f} s")

@@ -38,8 +38,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks.common import dagster_home, save_result
+from benchmarks.common import dagster_home
 from benchmarks.sensor_freshness import bench_env, build_lake
+from benchmarks.targets import FRESHNESS as BENCH
 from jobs.ui import READY
 from lakecast.config import get_settings
 
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.streaming_query:
         return streaming_query(args.streaming_query)
+    BENCH.start()
 
     base = Path(args.root) / "base"
     shutil.rmtree(Path(args.root), ignore_errors=True)
@@ -289,7 +291,7 @@ def _run(args: argparse.Namespace, base: Path, server: Server) -> int:
                                                            / ref["p50_s"], 2)
             result[mode]["max_ratio_to_streaming"] = round(result[mode]["max_s"]
                                                            / ref["max_s"], 2)
-    save_result("freshness", result)
+    BENCH.report(result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -48,6 +48,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from benchmarks.targets import KEYED_STATE as BENCH
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.api.keyed_state import ValueStateDescriptor
 from lakecast.delta import io as delta_io
@@ -364,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="keyed_state")
     parser.add_argument("--keep", action="store_true", help="keep var/bench/keyed_state")
     args = parser.parse_args(argv)
+    started = BENCH.start()
 
     keys = max(1, int(args.keys * args.scale))
     events = max(1, int(args.events * args.scale))
@@ -405,9 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("total_s", "first_batch_s", "steady_mean_s", "state_bytes")
         }
 
-    RESULTS.mkdir(exist_ok=True)
     target = RESULTS / f"{args.name}.json"
-    target.write_text(json.dumps(out, indent=2, sort_keys=True))
+    BENCH.report(out, started, name=args.name, results_dir=RESULTS)
     print(f"keys={keys} batches={args.batches} events/batch={events} "
           f"shuffle.partitions={args.shuffle_partitions} cpus={os.cpu_count()}")
     cols = ("total_s", "first_batch_s", "steady_mean_s", "state_bytes")

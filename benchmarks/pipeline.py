@@ -32,7 +32,6 @@ the ratio L/S against the issue's targets. JSON goes to ``benchmarks/results/<na
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform as _stdlib_platform
 import shutil
@@ -42,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.targets import PIPELINE as BENCH
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_L_2K_S = 2.0
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="pipeline", help="results/<name>.json")
     parser.add_argument("--root", help="lake root (default: a temp dir, removed after)")
     args = parser.parse_args(argv)
+    BENCH.start()
     if args.batches < 2:
         parser.error("--batches must be >= 2 (the first batch of each size is warm-up)")
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="lakecast-bench-"))
@@ -338,9 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         print(f"benchmark failed; its lake is kept under {root}", file=sys.stderr)
         raise
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.name}.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
+    BENCH.report(result, name=args.name, results_dir=RESULTS)
     _print_table(result)
     print(f"wrote {out}")
     if not args.root:

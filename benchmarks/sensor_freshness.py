@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import dagster_home, save_result
+from benchmarks.common import dagster_home
+from benchmarks.targets import SENSOR_FRESHNESS as BENCH
 from lakecast.config import get_settings
 
 #: the repository root (this example project's folder)
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=3333, help="dagster webserver port")
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "freshness"))
     args = parser.parse_args(argv)
+    BENCH.start()
 
     from lakecast.server import ensure_server
 
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "noop_run_seconds": [round(r["seconds"], 2) for r in noop],
         "runs": runs,
     }
-    save_result("sensor_freshness", result)
+    BENCH.report(result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
     print(f"{'run':10} {'status':9} {'seconds':>8} {'gap':>6} {'cold':>5}")
     for r in runs:

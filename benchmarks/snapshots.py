@@ -26,7 +26,6 @@ Results are printed and written to ``benchmarks/results/<name>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -36,6 +35,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.targets import SNAPSHOTS as BENCH
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3,
                         help="checkpoints and plain writes timed, alternating (medians)")
     args = parser.parse_args(argv)
+    started = BENCH.start()
 
     root = Path(tempfile.mkdtemp(prefix="lakecast-bench-snapshots-"))
     os.environ["LAKECAST_LAKE_ROOT"] = str(root / "lake")
@@ -174,9 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, val in list(out.items()):
         if isinstance(val, float):
             out[k] = round(val, 3)
-    RESULTS.mkdir(exist_ok=True)
     target = RESULTS / f"{args.name}.json"
-    target.write_text(json.dumps(out, indent=2, sort_keys=True))
+    BENCH.report(out, started, name=args.name, results_dir=RESULTS)
     width = max(len(k) for k in out)
     for k in sorted(out):
         print(f"{k:<{width}}  {out[k]}")

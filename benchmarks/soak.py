@@ -54,7 +54,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import dagster_home, save_result
+from benchmarks.common import dagster_home
 from benchmarks.freshness import consumer_ready, project_server, start_consumer, stop_group
 from benchmarks.sensor_freshness import bench_env, build_lake
 from benchmarks.soak_parts import (
@@ -67,6 +67,7 @@ from benchmarks.soak_parts import (
     series,
     storage_bounded,
 )
+from benchmarks.targets import SOAK as BENCH
 from lakecast.config import get_settings
 
 #: the repository root (this example project's folder)
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.5)
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "soak"))
     args = parser.parse_args(argv)
+    BENCH.start()
 
     hard = time.monotonic() + (args.minutes + 15) * 60  # the phases end by then
     signal.signal(signal.SIGALRM, _past_deadline)  # backstop: clean up if one hangs
@@ -468,7 +470,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
               "per_minute": minute, "lineage": lineage, "maintenance": maintenance,
               "restore": restore, "fraud_runs": fraud_runs, "fraud_state_storage": bounded,
               "targets": targets, "runs": runs, **rec}
-    save_result("soak", result)
+    BENCH.report(result)
     print(f"{'run':10} {'status':9} {'seconds':>8} {'bound':>6} killed")
     for r in runs:
         print(f"{r['run_id'][:8]:10} {r['status']:9} {r['seconds'] or 0:8.1f} "

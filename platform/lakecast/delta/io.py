@@ -2,9 +2,10 @@
 
 The facade every caller imports (``from lakecast.delta import io as delta_io``): the
 Spark-side operations live here; version look-ups (:func:`latest_version`,
-:func:`commit_info`) and direct reads of a version's files come from
-:mod:`lakecast.delta.log`, which reads the Delta log without Spark (so sensors can
-poll cheaply) and are re-exported here.
+:func:`commit_info`), ``txn`` versions, the Change Data Feed and direct reads of a
+version's files come from :mod:`lakecast.delta.log`, which reads the Delta log through
+``deltalake`` without Spark (so sensors and the continuous loop poll cheaply), and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from lakecast.delta.log import (
     TableFiles,
     commit_actions,
     commit_info,
+    commit_infos,
     commit_seconds,
     file_sizes,
     latest_version,
@@ -273,7 +275,7 @@ def restore_version(spark: SparkSession, path: str, version: int) -> int:
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
     "TableFiles", "append_arrow", "checkpoint_log", "commit_actions", "commit_info",
-    "commit_seconds",
+    "commit_infos", "commit_seconds",
     "delete", "file_sizes", "history", "is_conflict",
     "latest_version", "merge_upsert", "overwrite_arrow", "read", "read_changes",
     "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",

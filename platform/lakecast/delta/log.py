@@ -1,54 +1,184 @@
-"""Delta logs read without Spark: versions, commit info, ``txn`` actions, the Change Data
-Feed of a version range and the active files of a version (``_delta_log`` replay).
+"""Delta logs read without Spark, through ``deltalake`` (delta-rs): versions, commit info,
+``txn`` versions, the Change Data Feed of a version range, a commit's actions; the active
+files of a version are in :mod:`lakecast.delta.files` (re-exported here).
 
-Paths may be local or object-store URIs (``s3a://``, ``s3://``: read with ``deltalake``
-and pyarrow's S3 filesystem, :mod:`lakecast.delta.objstore`; no Spark needed). The
-:mod:`lakecast.delta.io` facade re-exports what callers use.
+Nothing here lists or replays ``_delta_log`` by hand: one ``DeltaTable`` handle per table and
+process is kept and brought up to date with ``update_incremental()`` (it reads only the
+commits after the version it holds), so a poll's cost does not grow with the log; on a
+local filesystem, where that call lists the log folder, a poll first checks (``stat``)
+the one file a new commit would create and calls it only when there is one. The one
+exception is :func:`commit_actions`, which reads the one commit file it is asked for
+(``deltalake`` exposes no commit's actions). Paths may be local or object-store URIs:
+``s3a://`` is read as ``s3://`` with the storage options of
+:func:`lakecast.delta.objstore.storage_options`. The :mod:`lakecast.delta.io` facade
+re-exports what callers use.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import urlparse
 
 from lakecast.delta import objstore
+from lakecast.delta.files import (
+    DeltaIOError,
+    DirectReadUnsupported,
+    TableFiles,
+    arrow_schema,
+    conform,
+    file_sizes,
+    row_count,
+    table_files,
+    verify_checksum,
+)
 from lakecast.errors import LakecastError
-
-CDF_PROPERTY = "delta.enableChangeDataFeed"
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
-_COMMIT = re.compile(r"^(\d{20})\.json$")
-class DeltaIOError(LakecastError):
-    """A Delta table is missing or cannot serve the request."""
+__all__ = ["CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported",
+           "TableFiles", "commit_actions", "commit_info", "commit_infos", "commit_seconds",
+           "file_sizes", "latest_version", "read_changes_from_log", "row_count",
+           "table_exists", "table_files", "txn_versions", "verify_checksum"]
+
+log = logging.getLogger(__name__)
+
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+#: commit-info entries cached per table handle (commits never change once written)
+_INFO_CACHE = 4096
 
 
-def _is_uri(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
+def location(path: str) -> tuple[str, dict[str, str] | None]:
+    """``(uri, storage_options)`` for ``deltalake``: a local path as is (``file://``
+    stripped), ``s3a://`` as ``s3://``, object stores with :mod:`objstore`'s options."""
+    if path.startswith("file:"):
+        return re.sub(r"^file:(//)?", "", path), None
+    scheme = urlparse(path).scheme
+    if scheme in objstore.SCHEMES:
+        return "s3://" + path.split("://", 1)[1], objstore.storage_options()
+    return path, None
 
 
-def _local(path: str) -> Path:
-    return Path(path.removeprefix("file://"))
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file:")
 
 
-def _log_names(path: str, spark: SparkSession | None) -> list[str]:
-    if not _is_uri(path):
-        log = _local(path) / "_delta_log"
-        return [p.name for p in log.iterdir()] if log.is_dir() else []
-    return objstore.log_names(path)
+@dataclass
+class _Handle:
+    """A table's ``DeltaTable`` at its newest version, and what was read through it."""
+
+    table: DeltaTable
+    stamp: tuple[int, int] | None  # (inode, mtime_ns) of its version's commit file (local)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    infos: dict[int, CommitInfo] = field(default_factory=dict)
 
 
-def _read_log_file(path: str, name: str, spark: SparkSession | None) -> str:
-    if not _is_uri(path):
-        return (_local(path) / "_delta_log" / name).read_text()
-    return objstore.read_log_file(path, name)
+_HANDLES: dict[str, _Handle] = {}
+_MISSING = (-1, -1)  # the stamp of a commit file that is not there
+_HANDLES_LOCK = threading.Lock()
+_PID = [os.getpid()]
+
+
+def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
+    """Identity of a local table's newest commit file: a table deleted or written anew
+    at the same path changes it (one ``stat``; object stores: ``None``)."""
+    if not _is_local(path):
+        return None
+    try:
+        st = (Path(location(path)[0]) / "_delta_log" / f"{version:020d}.json").stat()
+    except OSError:
+        return _MISSING
+    return st.st_ino, st.st_mtime_ns
+
+
+def _next_commit(path: str, version: int) -> bool:
+    """Whether a local table has a commit file after ``version`` (one ``stat``).
+
+    ``update_incremental`` lists the whole ``_delta_log`` folder on a local filesystem
+    (object stores list from the version on), so a poll first checks the one file that
+    a new commit would create."""
+    return (Path(location(path)[0]) / "_delta_log" / f"{version + 1:020d}.json").exists()
+
+
+def _error(path: str, e: BaseException) -> LakecastError:
+    if not _is_local(path):
+        return objstore._error(path, e)  # names the URI and the settings to fix
+    return DeltaIOError(f"cannot read the Delta log of {path}: {e}")
+
+
+def _handle(path: str) -> tuple[_Handle, int] | None:
+    """The up-to-date handle of the table at ``path`` and its version (``None``: no
+    table there). A local handle whose newest commit file changed identity (the table
+    was deleted or written anew) is replaced."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    with _HANDLES_LOCK:
+        if _PID[0] != os.getpid():  # a forked child: the parent's handles are not its own
+            _HANDLES.clear()
+            _PID[0] = os.getpid()
+        h = _HANDLES.get(path)
+    if h is not None:
+        with h.lock:  # a DeltaTable is not used from two threads at once
+            version = h.table.version()
+            if _commit_stamp(path, version) == h.stamp != _MISSING:  # the same table
+                if h.stamp is not None and not _next_commit(path, version):
+                    return h, version  # nothing new: two stats, no listing
+                try:
+                    h.table.update_incremental()  # reads the commits after ``version``
+                    version = h.table.version()
+                    h.stamp = _commit_stamp(path, version)
+                    return h, version
+                except (DeltaError, OSError):
+                    pass  # e.g. the log was cut: load it anew
+    uri, options = location(path)
+    try:
+        dt = DeltaTable(uri, storage_options=options)
+    except TableNotFoundError:
+        with _HANDLES_LOCK:
+            _HANDLES.pop(path, None)
+        return None
+    except (DeltaError, OSError) as e:
+        raise _error(path, e) from e
+    version = dt.version()
+    h = _Handle(dt, _commit_stamp(path, version))
+    with _HANDLES_LOCK:
+        _HANDLES[path] = h
+    return h, version
+
+
+def delta_table(path: str, version: int | None = None) -> DeltaTable:
+    """A ``DeltaTable`` of ``path`` (at ``version``; default: the newest) of its own,
+    for reads that load a snapshot; :class:`DeltaIOError` if there is no such table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    uri, options = location(path)
+    try:
+        return DeltaTable(uri, version=version, storage_options=options)
+    except TableNotFoundError as e:
+        raise DeltaIOError(f"{path} is not a Delta table") from e
+    except (DeltaError, OSError) as e:
+        raise _error(path, e) from e
+
+
+def forget(path: str | None = None) -> None:
+    """Drop the cached handle of ``path`` (default: all of them)."""
+    with _HANDLES_LOCK:
+        if path is None:
+            _HANDLES.clear()
+        else:
+            _HANDLES.pop(path, None)
 
 
 def table_exists(path: str, spark: SparkSession | None = None) -> bool:
@@ -57,12 +187,10 @@ def table_exists(path: str, spark: SparkSession | None = None) -> bool:
 
 
 def latest_version(path: str, spark: SparkSession | None = None) -> int | None:
-    """Newest committed version of the table at ``path``, or ``None`` if there is none
-    (object stores: read with ``deltalake``)."""
-    if _is_uri(path):
-        return objstore.latest_version(path)
-    versions = [int(m.group(1)) for n in _log_names(path, spark) if (m := _COMMIT.match(n))]
-    return max(versions) if versions else None
+    """Newest committed version of the table at ``path``, or ``None`` if there is none.
+    Reads only the commits after the version seen last (``spark`` is not used)."""
+    found = _handle(path)
+    return None if found is None else int(found[1])
 
 
 @dataclass(frozen=True)
@@ -73,27 +201,55 @@ class CommitInfo:
     timestamp_ms: int
     operation: str
     metrics: dict[str, str]
+    parameters: dict[str, Any] = field(default_factory=dict)
+    user_metadata: str | None = None
 
 
-def commit_actions(path: str, version: int, spark: SparkSession | None = None
-                   ) -> list[dict[str, Any]]:
-    """The actions (``add``, ``remove``, ``txn``, ``commitInfo``, ...) of one commit."""
-    try:
-        text = _read_log_file(path, f"{version:020d}.json", spark)
-    except FileNotFoundError as e:
-        raise DeltaIOError(f"{path} has no commit file for version {version}") from e
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def _info(version: int, ci: dict[str, Any]) -> CommitInfo:
+    ts = ci.get("inCommitTimestamp", ci.get("timestamp", 0))
+    metrics = {k: str(v) for k, v in (ci.get("operationMetrics") or {}).items()}
+    meta = ci.get("userMetadata")
+    return CommitInfo(version, int(ts), str(ci.get("operation", "")), metrics,
+                      dict(ci.get("operationParameters") or {}),
+                      None if meta is None else str(meta))
+
+
+def commit_infos(path: str, start: int, end: int) -> dict[int, CommitInfo]:
+    """``{version: CommitInfo}`` of versions ``start..end``, from ``deltalake``'s history
+    (it reads the commits from the newest down to ``start``; cached per table)."""
+    from deltalake.exceptions import DeltaError
+
+    found = _handle(path)
+    if found is None:
+        raise DeltaIOError(f"{path} is not a Delta table")
+    h = found[0]
+    with h.lock:
+        want = range(max(start, 0), end + 1)
+        if all(v in h.infos for v in want):
+            return {v: h.infos[v] for v in want}
+        latest = h.table.version()
+        if start < 0 or end > latest:
+            raise DeltaIOError(f"{path} has no commit for versions {start}..{end} "
+                               f"(newest: {latest})")
+        n = latest - start + 1
+        try:
+            entries = h.table.history(n)
+        except (DeltaError, OSError) as e:
+            raise _error(path, e) from e
+        if len(entries) < n:
+            raise DeltaIOError(f"{path}: the log no longer holds versions {start}..{end}")
+        # newest first, ending at ``start``: the k-th from the end is ``start + k`` (this
+        # holds even when a commit lands meanwhile and the list starts above ``latest``)
+        if len(h.infos) > _INFO_CACHE:
+            h.infos.clear()
+        for k in range(n):
+            h.infos[start + k] = _info(start + k, entries[len(entries) - 1 - k])
+        return {v: h.infos[v] for v in want}
 
 
 def commit_info(path: str, version: int, spark: SparkSession | None = None) -> CommitInfo:
     """The commit's timestamp (in-commit timestamp when enabled), operation and metrics."""
-    for action in commit_actions(path, version, spark):
-        if "commitInfo" in action:
-            ci = action["commitInfo"]
-            ts = ci.get("inCommitTimestamp", ci.get("timestamp", 0))
-            metrics = {k: str(v) for k, v in (ci.get("operationMetrics") or {}).items()}
-            return CommitInfo(version, int(ts), str(ci.get("operation", "")), metrics)
-    raise DeltaIOError(f"{path} version {version} has no commitInfo action")
+    return commit_infos(path, version, version)[version]
 
 
 def commit_seconds(path: str, version: int, spark: SparkSession | None = None) -> float | None:
@@ -106,390 +262,151 @@ def commit_seconds(path: str, version: int, spark: SparkSession | None = None) -
         return None
 
 
-def read_changes_from_log(
-    path: str, start_version: int, end_version: int
-) -> dict[int, pa.Table] | None:
-    """The Change Data Feed of versions ``start..end`` read without Spark: straight from
-    the files each commit names (its ``cdc`` files, else its data-changing ``add`` files
-    as inserts or ``remove`` files as deletes), one Arrow table per version with a
-    ``_change_type`` column (pre-images included, no ``_commit_*`` columns).
+def commit_actions(path: str, version: int, spark: SparkSession | None = None
+                   ) -> list[dict[str, Any]]:
+    """The actions (``add``, ``remove``, ``txn``, ``commitInfo``, ...) of one commit.
 
-    Returns ``None`` when a version needs Spark's reader (:func:`read_changes`): URI
-    paths, metadata/protocol changes, deletion vectors, partitioned or column-mapped
-    files, commits rewriting files without CDC files, or missing files.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if _is_uri(path):
-        return None
-    root = _local(path)
-    out: dict[int, pa.Table] = {}
-    for version in range(start_version, end_version + 1):
-        try:
-            text = _read_log_file(path, f"{version:020d}.json", None)
-        except FileNotFoundError:
-            return None
-        files: dict[str, list[str]] = {"add": [], "remove": [], "cdc": []}
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "metaData" in action or "protocol" in action:
-                return None
-            for kind, bucket in files.items():
-                act = action.get(kind)
-                if act is None:
-                    continue
-                if act.get("deletionVector") or act.get("partitionValues"):
-                    return None
-                if kind == "cdc" or act.get("dataChange", True):
-                    bucket.append(act["path"])
-        if files["cdc"]:
-            names, change_type = files["cdc"], None
-        elif files["add"] and files["remove"]:
-            return None
-        elif files["add"]:
-            names, change_type = files["add"], "insert"
+    ``deltalake`` exposes no single commit's actions, so this reads the one commit file
+    it names (no listing, no replay: its cost does not depend on the log's length)."""
+    try:
+        if _is_local(path):
+            text = (Path(location(path)[0]) / "_delta_log" / f"{version:020d}.json"
+                    ).read_text()
         else:
-            names, change_type = files["remove"], "delete"
-        tables = []
-        for name in names:
-            try:
-                t = pq.read_table(root / unquote(name), partitioning=None)
-            except OSError:
-                return None
-            if any(f.metadata and b"PARQUET:field_id" in f.metadata for f in t.schema):
-                return None  # column mapping: physical names differ from the logical ones
-            if "__is_cdc" in t.column_names:  # Delta's internal marker in CDC files
-                t = t.drop_columns(["__is_cdc"])
-            if change_type is not None:
-                t = t.append_column("_change_type", pa.array([change_type] * t.num_rows,
-                                                             pa.string()))
-            tables.append(t)
-        out[version] = (pa.concat_tables(tables, promote_options="permissive") if tables
-                        else pa.table({"_change_type": pa.array([], pa.string())}))
-    return out
+            text = objstore.read_log_file(path, f"{version:020d}.json")
+    except FileNotFoundError as e:
+        raise DeltaIOError(f"{path} has no commit file for version {version}") from e
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def txn_versions(path: str, app_id: str, spark: SparkSession | None = None) -> dict[int, int]:
     """``{txnVersion: Delta version}`` of the commits that carry a ``txn`` action of
-    ``app_id`` (the idempotent writes of :func:`write` with ``txn=``), read from the log."""
+    ``app_id`` (the idempotent writes of :func:`lakecast.delta.io.write` with ``txn=``).
+
+    From ``deltalake``'s ``transaction_version`` of table versions, bisected: an app's
+    ``txnVersion`` only grows (Delta skips a write whose version is not newer), so a
+    range whose two ends agree holds no ``txn`` of it. Costs about
+    ``#txns * log2(versions / #txns)`` snapshot loads."""
+    from deltalake.exceptions import DeltaError
+
+    latest = latest_version(path, spark)
+    if latest is None:
+        return {}
+    dt = delta_table(path)
+
+    @cache
+    def at(v: int) -> int:
+        if v < 0:
+            return -1
+        try:
+            dt.load_as_version(v)
+        except (DeltaError, OSError):  # cleaned from the log: nothing known before
+            return -1
+        found = dt.transaction_version(app_id)
+        return -1 if found is None else int(found)
+
     out: dict[int, int] = {}
-    for name in _log_names(path, spark):
-        m = _COMMIT.match(name)
-        if not m:
+    stack = [(-1, latest)]
+    while stack:
+        lo, hi = stack.pop()
+        if at(lo) == at(hi):
             continue
-        for line in _read_log_file(path, name, spark).splitlines():
-            if '"txn"' not in line:
-                continue
-            txn = json.loads(line).get("txn")
-            if txn and txn.get("appId") == app_id:
-                out[int(txn["version"])] = int(m.group(1))
+        if hi == lo + 1:
+            out[at(hi)] = hi
+            continue
+        mid = (lo + hi) // 2
+        stack += [(lo, mid), (mid, hi)]
     return out
 
 
-# --------------------------------------------------------------------------- direct reads
-_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
-#: reader features a direct read handles (deletion vectors / column mapping only when unused)
-_DIRECT_READER_FEATURES = {"deletionVectors", "columnMapping", "timestampNtz", "v2Checkpoint",
-                           "vacuumProtocolCheck"}
+#: operations whose changes the ``deltalake`` CDF reader gives exactly like Spark's;
+#: any other (schema or property changes, overwrites, restores...) goes to Spark's reader
+_CDF_OPERATIONS = {"WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE"}
+_INSERT_ONLY = {"WRITE", "STREAMING UPDATE"}
 
 
-class DirectReadUnsupported(DeltaIOError):
-    """A table version cannot be read safely without Spark (the message says why)."""
-
-
-@dataclass(frozen=True)
-class TableFiles:
-    """The active data files of one table version, found by replaying ``_delta_log``
-    (newest classic checkpoint at or before the version, then the JSON commits after it).
-
-    Build it with :func:`table_files`; :meth:`read` reads the rows with pyarrow, as Spark's
-    ``read.format("delta").option("versionAsOf", version)`` would (same rows, same Arrow
-    schema as ``DataFrame.toArrow()``), without a Spark job — on the driver or in a task.
-    """
-
-    path: str
-    version: int
-    files: tuple[str, ...]  # absolute local paths, sorted
-    schema: pa.Schema  # the Arrow schema of Spark's toArrow() for this version
-    num_rows: int  # from the files' Parquet footers
-    nbytes: int  # uncompressed size of the files' row groups (an estimate of the Arrow size)
-    #: each file's partition values (column -> Delta's string form; None: null)
-    partitions: tuple[dict[str, str | None], ...] = ()
-    #: each file's statistics from its ``add`` action (``None``: the writer wrote none)
-    stats: tuple[dict[str, Any] | None, ...] = ()
-
-    def read(self, columns: Sequence[str] | None = None,
-             where: Mapping[str, object] | None = None) -> pa.Table:
-        """The table's rows at :attr:`version` (reads the Parquet files): ``columns`` only
-        (default: all), and only the files whose partition values equal ``where``'s."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        schema = self.schema if columns is None else pa.schema(
-            [self.schema.field(c) for c in columns])
-        parts = []
-        for i, f in enumerate(self.files):
-            values = self.partitions[i] if self.partitions else {}
-            if where and any(values.get(c) != str(v) for c, v in where.items()):
-                continue
-            try:
-                data = Path(f).read_bytes()  # read once: checksum, then Parquet
-                verify_checksum(f, data)
-                pf = pq.ParquetFile(pa.BufferReader(data), coerce_int96_timestamp_unit="us")
-                stored = None if columns is None else [  # those in this file (evolution)
-                    c for c in pf.schema_arrow.names if c in schema.names]
-                t = pf.read(columns=stored)
-            except (OSError, pa.ArrowInvalid) as e:
-                raise DeltaIOError(f"{self.path}@v{self.version}: cannot read {f}: {e}") from e
-            for c, v in values.items():  # the log's value (some writers also store it)
-                if c in t.column_names:
-                    t = t.drop_columns([c])
-                if c in schema.names:
-                    t = t.append_column(c, pa.array([v] * t.num_rows, pa.string()))
-            parts.append(_conform(t, schema))
-        if not parts:
-            return schema.empty_table()
-        return pa.concat_tables(parts)
-
-
-def verify_checksum(file: str, data: bytes | None = None) -> None:
-    """Check ``file`` (its bytes: ``data``, read here if not given) against the checksum
-    Hadoop's local filesystem wrote beside it (``.<name>.crc``: "crc\\0", bytes per
-    checksum, one CRC-32 per chunk), as Spark does when it reads it; raises
-    :class:`OSError` on a mismatch, does nothing without one."""
-    import struct
-    import zlib
-
-    f = Path(file)
-    crc = f.with_name(f".{f.name}.crc")
-    if not crc.exists():
-        return
-    head = crc.read_bytes()
-    if head[:4] != b"crc\x00":
-        raise OSError(f"{crc}: not a Hadoop checksum file")
-    chunk = struct.unpack(">i", head[4:8])[0]
-    sums = head[8:]
-    if len(sums) % 4:
-        raise OSError(f"{crc} does not match {f}")
-    view = memoryview(f.read_bytes() if data is None else data)
-    expected = struct.unpack(f">{len(sums) // 4}I", sums)
-    if len(view) > chunk * len(expected):
-        raise OSError(f"{f} is longer than its checksum file {crc} says")
-    if len(view) <= chunk * (len(expected) - 1):
-        raise OSError(f"{crc} does not match {f}")
-    for i, want in enumerate(expected):
-        if zlib.crc32(view[i * chunk:(i + 1) * chunk]) != want:
-            raise OSError(f"checksum error in {f} at byte {i * chunk}")
-
-
-def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``t`` with exactly ``schema``'s columns (missing ones as nulls: added by schema
-    evolution after the file was written), cast to its types."""
-    import pyarrow as pa
-
-    cols = []
-    for f in schema:
-        if f.name in t.column_names:
-            c = t.column(f.name)
-            cols.append(c if c.type == f.type else c.cast(f.type))
-        else:
-            cols.append(pa.nulls(t.num_rows, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
-def _arrow_schema(schema_json: str, large_types: bool = False) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    return to_arrow_schema(StructType.fromJson(json.loads(schema_json)),
-                           error_on_duplicated_field_names_in_struct=True, timezone="UTC",
-                           prefers_large_types=large_types)
-
-
-def _file_path(root: Path, name: str) -> Path:
-    if "://" in name or name.startswith("file:"):
-        if not name.startswith("file:"):
-            raise DirectReadUnsupported(f"data file {name} is not on the local filesystem")
-        return Path(unquote(re.sub(r"^file:(//)?", "", name)))
-    return root / unquote(name)
-
-
-def _replay(path: str, version: int, names: list[str]) -> tuple[dict[str, dict[str, Any]],
-                                                                 dict[str, Any], dict[str, Any]]:
-    """(active add actions by path, metaData, protocol) at ``version``."""
-    import pyarrow.parquet as pq
-
-    log = _local(path) / "_delta_log"
-    commits = {int(m.group(1)) for n in names if (m := _COMMIT.match(n))}
-    parts: dict[int, dict[int, list[str]]] = {}  # checkpoint version -> n_parts -> names
-    for n in names:
-        if m := _CHECKPOINT.match(n):
-            v, total = int(m.group(1)), int(m.group(3) or 1)
-            parts.setdefault(v, {}).setdefault(total, []).append(n)
-    start, cp_files = 0, []
-    for v in sorted((v for v in parts if v <= version), reverse=True):
-        complete = [sorted(ns) for total, ns in parts[v].items() if len(ns) == total]
-        if complete and all(c in commits for c in range(v + 1, version + 1)):
-            start, cp_files = v + 1, complete[0]
-            break
-    missing = [c for c in range(start, version + 1) if c not in commits]
-    if missing:
-        raise DirectReadUnsupported(
-            f"no classic checkpoint + JSON commits cover version {version} "
-            f"(missing commit files {missing[:3]}...)")
-    adds: dict[str, dict[str, Any]] = {}
-    meta: dict[str, Any] = {}
-    protocol: dict[str, Any] = {}
-    for name in cp_files:
-        t = pq.read_table(log / name, columns=["add", "metaData", "protocol"])
-        for a in t.column("add").to_pylist():
-            if a is not None:  # Parquet maps come back as (key, value) lists
-                a["partitionValues"] = dict(a.get("partitionValues") or [])
-                adds[_file_key(a)] = a
-        for m in t.column("metaData").to_pylist():
-            if m is not None:  # Parquet maps come back as (key, value) lists
-                meta = {**m, "configuration": dict(m.get("configuration") or [])}
-        for p in t.column("protocol").to_pylist():
-            if p is not None:
-                protocol = p
-    for c in range(start, version + 1):
-        added, removed = [], []
-        for line in (log / f"{c:020d}.json").read_text().splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "add" in action:
-                added.append(action["add"])
-            elif "remove" in action:
-                removed.append(action["remove"])
-            elif "metaData" in action:
-                meta = action["metaData"]
-            elif "protocol" in action:
-                protocol = action["protocol"]
-        # a commit's actions are a set: its removes apply to the files before it (a DELETE
-        # with deletion vectors removes (file) and adds (file + DV) in one commit)
-        for r in removed:
-            adds.pop(_file_key(r), None)
-        for a in added:
-            adds[_file_key(a)] = a
-    return adds, meta, protocol
-
-
-def _file_key(action: dict[str, Any]) -> str:
-    """A file's identity in log replay: its path and deletion vector (Delta's spec)."""
-    dv = action.get("deletionVector")
-    if not dv:
-        return str(action["path"])
-    return f"{action['path']}#{dv.get('storageType')}{dv.get('pathOrInlineDv')}@{dv.get('offset')}"
-
-
-def table_files(path: str, version: int, *, large_types: bool = False,
-                open_files: bool = True) -> TableFiles:
-    """The files and Arrow schema of version ``version`` of the table at ``path``, from
-    its log, to read it without Spark (:meth:`TableFiles.read`). ``open_files=False``
-    reads the log only (no Parquet footer is opened: ``num_rows``/``nbytes`` are 0 and a
-    file's schema is checked when it is read).
-
-    Raises :class:`DirectReadUnsupported` (with the reason) when that is not safe and
-    Spark must read it: URI paths, deletion vectors in use, column mapping, partition
-    columns (their values are not in the files), reader features or checkpoint formats
-    not handled here (V2 checkpoints are skipped for older classic ones or the JSON
-    commits), files missing, or file schemas that do not convert.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if _is_uri(path):
-        raise DirectReadUnsupported(f"{path} is not on the local filesystem")
-    names = _log_names(path, None)
-    if not names:
-        raise DeltaIOError(f"{path} is not a Delta table")
-    adds, meta, protocol = _replay(path, version, names)
-    if not meta:
-        raise DirectReadUnsupported(f"{path}@v{version}: no metaData action found")
-    features = set(protocol.get("readerFeatures") or [])
-    if int(protocol.get("minReaderVersion", 1)) > 3 or features - _DIRECT_READER_FEATURES:
-        raise DirectReadUnsupported(
-            f"reader protocol {protocol.get('minReaderVersion')} with features "
-            f"{sorted(features - _DIRECT_READER_FEATURES)}")
-    conf = meta.get("configuration") or {}
-    if conf.get("delta.columnMapping.mode", "none") != "none":
-        raise DirectReadUnsupported(
-            f"column mapping mode {conf['delta.columnMapping.mode']!r}")
-    if any(a.get("deletionVector") for a in adds.values()):
-        raise DirectReadUnsupported("deletion vectors in use")
-    schema = _arrow_schema(meta["schemaString"], large_types)
-    part_cols = list(meta.get("partitionColumns") or [])
-    odd = [c for c in part_cols if not _castable_partition(schema.field(c).type)]
-    if odd:
-        raise DirectReadUnsupported(f"partition columns {odd} of types read only by Spark")
-    root = _local(path)
-    files, n_rows, n_bytes = [], 0, 0
-    by_path = {a["path"]: a for a in adds.values()}
-    partitions = tuple({c: (by_path[n].get("partitionValues") or {}).get(c) for c in part_cols}
-                       for n in sorted(by_path)) if part_cols else ()
-    stats = tuple(json.loads(by_path[n].get("stats") or "null") for n in sorted(by_path))
-    for name in sorted(by_path):
-        f = _file_path(root, name)
-        if not open_files:
-            files.append(str(f))
-            continue
-        try:
-            pf = pq.ParquetFile(f, coerce_int96_timestamp_unit="us")
-        except (OSError, pa.ArrowInvalid) as e:
-            raise DirectReadUnsupported(f"cannot open data file {f}: {e}") from e
-        md = pf.metadata
-        n_rows += md.num_rows
-        n_bytes += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-        try:  # every file's columns (and partition values) convert to the table's types
-            stored = pf.schema_arrow.empty_table()
-            for c in part_cols:
-                if c in stored.column_names:
-                    stored = stored.drop_columns([c])
-                stored = stored.append_column(c, pa.array([], pa.string()))
-            _conform(stored, schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise DirectReadUnsupported(f"{f}: file schema does not convert: {e}") from e
-        files.append(str(f))
-    return TableFiles(path, version, tuple(files), schema, n_rows, n_bytes, partitions, stats)
-
-
-def _castable_partition(t: pa.DataType) -> bool:
-    """Partition values are strings in the log; these types cast from them exactly."""
-    import pyarrow as pa
-
-    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def file_sizes(path: str, version: int) -> dict[str, int]:
-    """``{data file: size in bytes}`` of the active files of version ``version`` of the
-    local table at ``path``, from its log (no data file is read)."""
-    if _is_uri(path):
-        raise DirectReadUnsupported(f"{path} is not on the local filesystem")
-    adds, _, _ = _replay(path, version, _log_names(path, None))
-    return {str(a["path"]): int(a.get("size") or 0) for a in adds.values()}
-
-
-def row_count(path: str, version: int) -> int | None:
-    """Rows in version ``version`` of the table at ``path``, from the ``numRecords`` file
-    statistics in its log (minus deletion-vector cardinalities), without reading data
-    files; ``None`` when a file has no statistics or the log cannot be read directly."""
-    if _is_uri(path):
-        return None
+def _cdf_plan(path: str, start: int, end: int) -> str | None:
+    """``None`` if ``deltalake`` can read the CDF of ``start..end`` as Spark would, else
+    the reason it cannot."""
     try:
-        adds, _, _ = _replay(path, version, _log_names(path, None))
-    except (DirectReadUnsupported, OSError):
+        infos = commit_infos(path, start, end)
+    except DeltaIOError as e:
+        return f"commit info: {e}"
+    for v, info in infos.items():
+        if info.operation not in _CDF_OPERATIONS:
+            return f"version {v} is a {info.operation}"
+        if str(info.parameters.get("mode", "Append")).lower() != "append":
+            return f"version {v} is a {info.operation} in mode {info.parameters['mode']}"
+    return None
+
+
+def read_changes_from_log(
+    path: str, start_version: int, end_version: int
+) -> dict[int, pa.Table] | None:
+    """The Change Data Feed of versions ``start..end`` read without Spark
+    (``deltalake``'s ``load_cdf``), one Arrow table per version with a ``_change_type``
+    column (pre-images included, no ``_commit_*`` columns), in the Arrow types of Spark's
+    ``toArrow()``.
+
+    Returns ``None`` when a version needs Spark's reader (:func:`read_changes`): schema
+    or property changes, overwrites, rewrites of a table without the Change Data Feed,
+    deletion vectors, change files missing, types that do not convert.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake.exceptions import DeltaError
+
+    why = _cdf_plan(path, start_version, end_version)
+    if why is None:
+        try:
+            dt = delta_table(path, end_version)
+            conf = dt.metadata().configuration
+            cdf = conf.get(CDF_PROPERTY, "false").lower() == "true"
+            features = set(dt.protocol().reader_features or [])
+            if "deletionVectors" in features:
+                why = "deletion vectors"
+            elif not cdf and any(commit_info(path, v).operation not in _INSERT_ONLY
+                                 for v in range(start_version, end_version + 1)):
+                why = "rows rewritten without the Change Data Feed"
+            else:
+                schema = arrow_schema(json.dumps(json.loads(dt.schema().to_json())))
+                rows = pa.table(dt.load_cdf(starting_version=start_version,
+                                            ending_version=end_version))
+        except (DeltaError, DeltaIOError, OSError, ValueError, pa.ArrowException) as e:
+            why = f"deltalake cannot read it: {e}"
+    if why is not None:
+        _fallback(path, f"CDF of versions {start_version}..{end_version}: {why}")
         return None
-    total = 0
-    for a in adds.values():
-        stats = a.get("stats")
-        if not stats:
-            return None
-        n = json.loads(stats).get("numRecords")
-        if n is None:
-            return None
-        total += int(n) - int((a.get("deletionVector") or {}).get("cardinality", 0))
-    return total
+    want = pa.schema([*schema, pa.field("_change_type", pa.string())])
+    versions = rows.column("_commit_version").cast(pa.int64())
+    rows = rows.drop_columns(["_commit_version", "_commit_timestamp"])
+    try:
+        rows = conform(rows.cast(pa.schema([(f.name, _plain(f.type)) for f in rows.schema])),
+                       want)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        _fallback(path, f"CDF types do not convert: {e}")
+        return None
+    return {v: rows.filter(pc.equal(versions, v)) for v in range(start_version, end_version + 1)}
+
+
+_FELL_BACK: set[str] = set()
+
+
+def _fallback(path: str, why: str) -> None:
+    """Log that Spark reads ``path``'s changes: INFO the first time for a table, then
+    DEBUG (a fallback is never silent, and not repeated every poll)."""
+    level = logging.DEBUG if path in _FELL_BACK else logging.INFO
+    _FELL_BACK.add(path)
+    log.log(level, "Delta changes of %s read by Spark: %s", path, why)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` with string/binary views as plain strings/binaries (what ``cast`` to Spark's
+    types takes)."""
+    import pyarrow as pa
+
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    return t

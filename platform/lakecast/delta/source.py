@@ -209,7 +209,7 @@ def _changes(
     spark: SparkSession, name: str, path: str, start: int, end: int, fast_path: bool = True
 ) -> list[BroadcastElement]:
     try:
-        infos = [delta_io.commit_info(path, v, spark) for v in range(start, end + 1)]
+        infos = list(delta_io.commit_infos(path, start, end).values())
     except delta_io.DeltaIOError as e:
         raise CdfUnavailable(f"log cleaned: {e}") from e
     parts = _changes_from_log(path, start, end) if fast_path else None

@@ -1,0 +1,186 @@
+"""Pre-registered benchmark targets (issue 40 item 1).
+
+Each benchmark declares, before it runs, one :class:`Measure` per figure it is judged
+on: the target, the side it is compared with, and the :class:`Rule` (repeats, statistic,
+order, whether the first run counts). A run calls :meth:`Benchmark.start` first (load
+average before start) and :meth:`Benchmark.report` with its result dict last: each
+measure's value and side values are taken from that dict, a PASS/FAIL line is printed
+per measure, and the dict is written to ``benchmarks/results/<name>.json`` with a
+``verdicts`` block (measure, value, target, verdict, side values, rule) and a ``run``
+block (machine cores, load average before start, git commit, date, command).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge,
+                                                   "<": operator.lt, ">": operator.gt}
+Result = Mapping[str, Any]
+_STARTS: dict[str, Start] = {}  # benchmark name -> its run's start (see Benchmark.start)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a measure's value is formed from its samples."""
+
+    repeats: int = 1  # timed samples of each side
+    statistic: str = "median"  # median | p50 | p99 | max | total | single
+    order: str = "fixed"  # fixed | rotated | alternating: the sides' order across repeats
+    first_run_counts: bool = True  # False: a warm-up run before the samples is dropped
+    note: str = ""  # anything else the rule says (e.g. "query started before timing")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One pre-registered figure: ``value`` (from the result dict) ``op`` ``target``."""
+
+    name: str
+    target: float
+    op: str  # "<=", ">=", "<", ">"
+    unit: str  # "x" (a ratio), "s", "ms", "events/s", "bool"
+    compared_with: str  # the side the value is compared with (or what it is)
+    rule: Rule = field(default_factory=Rule)
+    #: the value in a result dict (``None``: not measured in this run); default: the key
+    value: Callable[[Result], float | None] | None = None
+    #: the side values behind the value (e.g. both medians of a ratio)
+    sides: Callable[[Result], Mapping[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"{self.name}: op {self.op!r} is not one of {sorted(_OPS)}")
+
+    def extract(self, result: Result) -> tuple[float | None, dict[str, Any]]:
+        """``(value, side values)`` of this measure in ``result`` (``None``: absent)."""
+        try:
+            value = self.value(result) if self.value else result.get(self.name)
+            sides = dict(self.sides(result)) if self.sides else {}
+        except (KeyError, TypeError, IndexError, ZeroDivisionError):
+            return None, {}
+        if isinstance(value, bool):
+            value = float(value)
+        return (None if value is None else float(value)), sides
+
+    def verdict(self, value: float | None) -> str:
+        """``PASS``, ``FAIL``, or ``NOT RUN`` when this run did not measure it."""
+        if value is None:
+            return "NOT RUN"
+        return "PASS" if _OPS[self.op](value, self.target) else "FAIL"
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    """``HEAD`` of the checkout holding the benchmarks (``+dirty`` with local changes)."""
+    cwd = root or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=cwd, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+@dataclass(frozen=True)
+class Start:
+    """What :meth:`Benchmark.start` records before the run."""
+
+    load_average: tuple[float, float, float]
+    monotonic: float
+    date: str
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark's pre-registered measures."""
+
+    name: str
+    command: str  # how to run it (``make bench`` runs this)
+    measures: tuple[Measure, ...]
+
+    def start(self) -> Start:
+        """Call before anything runs: the load average then, and the start time (kept
+        for :meth:`report` too)."""
+        started = Start(os.getloadavg(), time.monotonic(), datetime.now(UTC).isoformat())
+        _STARTS[self.name] = started
+        return started
+
+    def evaluate(self, result: Result) -> list[dict[str, Any]]:
+        """One row per measure: measure, value, target, verdict, side values, rule."""
+        rows = []
+        for m in self.measures:
+            value, sides = m.extract(result)
+            rows.append({"measure": m.name, "value": value, "op": m.op, "target": m.target,
+                         "unit": m.unit, "verdict": m.verdict(value),
+                         "compared_with": m.compared_with, "sides": sides,
+                         "rule": asdict(m.rule)})
+        return rows
+
+    def report(self, result: dict[str, Any], start: Start | None = None, *,
+               name: str | None = None, results_dir: Path | None = None) -> dict[str, Any]:
+        """Judge ``result`` against the measures, print PASS/FAIL lines, and write it with
+        its ``verdicts`` and ``run`` blocks to ``<results_dir>/<name>.json``; returns it
+        (``passed``: every measured measure passed and at least one was measured).
+        ``start``: default, the one :meth:`start` recorded (else the load now)."""
+        start = start or _STARTS.get(self.name) or self.start()
+        rows = self.evaluate(result)
+        measured = [r for r in rows if r["verdict"] != "NOT RUN"]
+        result["verdicts"] = rows
+        result["passed"] = bool(measured) and all(r["verdict"] == "PASS" for r in measured)
+        result["run"] = {
+            "benchmark": self.name, "command": " ".join([self.command, *sys.argv[1:]]),
+            "cores": os.cpu_count(), "load_average_before_start": list(start.load_average),
+            "git_commit": git_commit(), "date": start.date,
+            "wall_seconds": round(time.monotonic() - start.monotonic, 1)}
+        out_dir = results_dir or RESULTS
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"{name or self.name}.json"
+        path.write_text(json.dumps(result, indent=2, default=str))
+        print(f"{self.name}: pre-registered targets "
+              f"(load average before start {start.load_average[0]:.2f}, "
+              f"{os.cpu_count()} cores)")
+        for r in rows:
+            value = "-" if r["value"] is None else f"{r['value']:.3f}"
+            print(f"  {r['verdict']:7s} {r['measure']}: {value} {r['unit']} "
+                  f"(target {r['op']} {r['target']}; vs {r['compared_with']})")
+        print(f"-> {path}")
+        return result
+
+
+def ratio(num: str, den: str) -> Callable[[Result], float | None]:
+    """A value: ``result[num] / result[den]`` (dotted paths into nested dicts)."""
+    def value(result: Result) -> float | None:
+        a, b = dig(result, num), dig(result, den)
+        return None if a is None or b is None or not b else float(a) / float(b)
+    return value
+
+
+def key(path: str) -> Callable[[Result], Any]:
+    """A value: ``result`` at the dotted ``path`` (``None`` if absent)."""
+    return lambda result: dig(result, path)
+
+
+def sides(**paths: str) -> Callable[[Result], dict[str, Any]]:
+    """Side values: ``{label: result at dotted path}``."""
+    return lambda result: {label: dig(result, p) for label, p in paths.items()}
+
+
+def dig(result: Result, path: str) -> Any:
+    """``result`` at the dotted ``path`` (``None`` where a step is missing)."""
+    cur: Any = result
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur

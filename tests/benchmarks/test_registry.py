@@ -1,0 +1,110 @@
+"""Pre-registered benchmark targets: verdicts, the JSON a run writes, every declaration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import targets
+from benchmarks.registry import Benchmark, Measure, Rule, key, ratio, sides
+
+BENCH = Benchmark("demo", "python -m benchmarks.demo", (
+    Measure("ratio_x", 1.2, "<=", "x", "F.broadcast",
+            Rule(repeats=4, statistic="median", order="rotated", first_run_counts=False),
+            value=ratio("a.mine_s", "a.theirs_s"),
+            sides=sides(mine_s="a.mine_s", theirs_s="a.theirs_s")),
+    Measure("throughput", 2000.0, ">=", "events/s", "2,000 events/s", value=key("b.eps")),
+    Measure("absent", 1.0, "<=", "s", "not measured in this run", value=key("c.p50_s")),
+))
+
+
+def test_verdicts_follow_the_declared_comparison():
+    rows = {r["measure"]: r for r in BENCH.evaluate(
+        {"a": {"mine_s": 6.0, "theirs_s": 5.0}, "b": {"eps": 2500}})}
+    assert rows["ratio_x"]["value"] == pytest.approx(1.2)
+    assert rows["ratio_x"]["verdict"] == "PASS"  # <= is inclusive
+    assert rows["ratio_x"]["sides"] == {"mine_s": 6.0, "theirs_s": 5.0}
+    assert rows["throughput"]["verdict"] == "PASS"
+    assert rows["absent"]["verdict"] == "NOT RUN" and rows["absent"]["value"] is None
+
+    rows = {r["measure"]: r for r in BENCH.evaluate(
+        {"a": {"mine_s": 6.1, "theirs_s": 5.0}, "b": {"eps": 1999}})}
+    assert rows["ratio_x"]["verdict"] == "FAIL"
+    assert rows["throughput"]["verdict"] == "FAIL"
+
+
+def test_report_writes_value_target_verdict_sides_rule_and_run(tmp_path, capsys):
+    start = BENCH.start()
+    out = BENCH.report({"a": {"mine_s": 7.0, "theirs_s": 5.0}, "extra": 1}, start,
+                       name="demo_run", results_dir=tmp_path)
+    written = json.loads((tmp_path / "demo_run.json").read_text())
+    assert written == json.loads(json.dumps(out, default=str))
+    assert written["extra"] == 1  # the benchmark's own figures are kept
+    assert written["passed"] is False
+    first = written["verdicts"][0]
+    assert first["measure"] == "ratio_x" and first["verdict"] == "FAIL"
+    assert first["target"] == 1.2 and first["op"] == "<=" and first["value"] == pytest.approx(1.4)
+    assert first["rule"] == {"repeats": 4, "statistic": "median", "order": "rotated",
+                             "first_run_counts": False, "note": ""}
+    run = written["run"]
+    assert run["cores"] >= 1 and len(run["load_average_before_start"]) == 3
+    assert run["command"].startswith("python -m benchmarks.demo")
+    assert run["date"] == start.date
+    assert run["git_commit"] is None or len(run["git_commit"].split("+")[0]) == 40
+    printed = capsys.readouterr().out
+    assert "FAIL    ratio_x: 1.400 x (target <= 1.2; vs F.broadcast)" in printed
+    assert "NOT RUN throughput" in printed
+
+
+def test_passed_needs_a_measured_value_and_every_measured_pass(tmp_path):
+    assert BENCH.report({}, name="none", results_dir=tmp_path)["passed"] is False
+    ok = {"a": {"mine_s": 1.0, "theirs_s": 5.0}, "b": {"eps": 3000}}
+    assert BENCH.report(ok, name="ok", results_dir=tmp_path)["passed"] is True
+
+
+def test_an_unknown_comparison_is_refused():
+    with pytest.raises(ValueError, match="op"):
+        Measure("m", 1.0, "=<", "x", "side")
+
+
+def test_every_benchmark_declares_the_issue_targets():
+    declared = {b.name: {m.name: (m.op, m.target) for m in b.measures} for b in targets.ALL}
+    assert set(declared) == {"delta_log_poll", "broadcast_enrichment", "keyed_state",
+                             "snapshots", "freshness", "sensor_freshness", "pipeline",
+                             "cluster", "soak"}
+    assert declared["broadcast_enrichment"] == {
+        "a_tasks_over_f_broadcast": ("<=", 1.2), "b_no_sink_over_stream_static": ("<=", 0.33),
+        "b_exactly_once_over_stream_static": ("<=", 0.33)}
+    assert declared["keyed_state"] == {"lakecast_over_tws_total": ("<=", 0.5)}
+    assert declared["snapshots"] == {"first_checkpoint_over_plain_write": ("<=", 2.0),
+                                     "restore_over_cold_read": ("<=", 2.0)}
+    assert declared["sensor_freshness"] == {"sensor_p50_s": ("<=", 15.0),
+                                            "sensor_max_s": ("<=", 30.0)}
+    assert {k: v for k, v in declared["freshness"].items() if k.startswith("continuous")} == {
+        "continuous_p50_s": ("<=", 1.0), "continuous_p99_s": ("<=", 3.0),
+        "continuous_sustained_p99_s": ("<=", 5.0)}
+    assert declared["delta_log_poll"]["poll_p50_ms"] == ("<=", 20.0)
+
+
+def test_declarations_read_the_benchmarks_result_shapes():
+    """Sample result dicts shaped as each benchmark writes them give the values."""
+    def values(bench: Benchmark, result: dict) -> dict[str, float | None]:
+        return {r["measure"]: r["value"] for r in bench.evaluate(result)}
+
+    be = values(targets.BROADCAST_ENRICHMENT, {
+        "a": {"ratio": 1.1, "lakecast_median_s": 11.0, "bhj_median_s": 10.0},
+        "b": {"exactly_once": {"ratio": 0.3}, "enrichment_only": {"ratio": 0.4}}})
+    assert be == {"a_tasks_over_f_broadcast": 1.1, "b_no_sink_over_stream_static": 0.4,
+                  "b_exactly_once_over_stream_static": 0.3}
+    snap = values(targets.SNAPSHOTS, {"checkpoint_runs_s": [4.0, 1.0, 1.0],
+                                      "plain_delta_write_s": 1.6,
+                                      "restore_total_s": 1.0, "plain_delta_read_s": 2.0})
+    assert snap == {"first_checkpoint_over_plain_write": 2.5, "restore_over_cold_read": 0.5}
+    fresh = values(targets.FRESHNESS, {
+        "sensor": {"p50_s": 12.0, "max_s": 31.0},
+        "continuous": {"p50_s": 0.8, "latencies_s": [0.5] * 99 + [4.0]}})
+    assert fresh["continuous_p99_s"] == 0.5  # 99th of 100: the last one is the p100
+    assert fresh["sensor_max_s"] == 31.0 and fresh["continuous_sustained_p99_s"] is None
+    soak = values(targets.SOAK, {"targets": {"runs": True, "kills": False}})
+    assert soak["runs"] == 1.0 and soak["kills"] == 0.0 and soak["restore"] is None
