@@ -23,6 +23,18 @@ and an environment override:
   :mod:`lakecast.pipeline.held`)
 - tasks per micro-batch when a run does not set it: ``LAKECAST_PARALLELISM`` (none: as
   the events are read; on a cluster, e.g. its executors' cores)
+- the Lakecast Spark server's address: ``LAKECAST_SERVER_HOST`` (``127.0.0.1``; another
+  address needs an operator's token, see :mod:`lakecast.server`) and
+  ``LAKECAST_SERVER_PORT`` (``15002``)
+- the server's pre-shared token, which every client sends: ``LAKECAST_SERVER_TOKEN``
+  (none: read from the token file), else the file ``LAKECAST_SERVER_TOKEN_FILE``
+  (``var/server/token``, generated at the server's first start, mode 0600)
+- the local cluster's master port: ``LAKECAST_CLUSTER_PORT`` (``7077``; see
+  :mod:`lakecast.cluster`)
+- the CLI's pipelines module: ``LAKECAST_PIPELINES`` (none: ``jobs.registry``; see
+  :mod:`lakecast.tools.registry`)
+- fault injection for tests: ``LAKECAST_CRASH_AT`` (none: never; see
+  :mod:`lakecast.pipeline.faults`)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -43,6 +55,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DEDUP_RETENTION = timedelta(days=7)
 #: default of ``LAKECAST_HOLD_TIMEOUT``: held events go to unmatched in their own batch
 DEFAULT_HOLD_TIMEOUT = timedelta(0)
+#: default of ``LAKECAST_SERVER_HOST``: loopback only
+DEFAULT_SERVER_HOST = "127.0.0.1"
+#: default of ``LAKECAST_SERVER_PORT`` (Spark Connect's own default)
+DEFAULT_SERVER_PORT = 15002
+#: default of ``LAKECAST_CLUSTER_PORT`` (Spark standalone's own default)
+DEFAULT_CLUSTER_PORT = 7077
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -106,7 +124,7 @@ class Settings:
     jars_dir: Path
     spark_master: str | None
     spark_conf_file: Path | None
-    spark_conf: dict[str, str] = field(default_factory=dict)
+    spark_conf: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     #: "" (in-process Spark), "server" (the project's server) or an ``sc://`` URL
     spark_remote: str = ""
     #: how long by event time a pipeline remembers accepted keys (cross-batch dedup)
@@ -115,6 +133,19 @@ class Settings:
     hold_timeout: timedelta = DEFAULT_HOLD_TIMEOUT
     #: tasks per micro-batch when a run does not set it (None: as the events are read)
     parallelism: int | None = None
+    #: the Lakecast Spark server's bind address and port
+    server_host: str = DEFAULT_SERVER_HOST
+    server_port: int = DEFAULT_SERVER_PORT
+    #: the operator's server token (``LAKECAST_SERVER_TOKEN``); kept out of ``repr``
+    server_token: str | None = field(default=None, repr=False)
+    #: the operator's token file (None: ``var/server/token`` of the project)
+    server_token_file: Path | None = None
+    #: the local cluster's master port
+    cluster_port: int = DEFAULT_CLUSTER_PORT
+    #: the CLI's pipelines module (None: the project's ``jobs.registry``)
+    pipelines_module: str | None = None
+    #: ``<point>`` or ``<point>:<batch_id>`` where a test kills the process (empty: never)
+    crash_at: str = ""
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -168,7 +199,25 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         hold_timeout=parse_duration(env["LAKECAST_HOLD_TIMEOUT"], "LAKECAST_HOLD_TIMEOUT")
         if env.get("LAKECAST_HOLD_TIMEOUT") else DEFAULT_HOLD_TIMEOUT,
         parallelism=_parallelism(env.get("LAKECAST_PARALLELISM", "")),
+        server_host=env.get("LAKECAST_SERVER_HOST", "").strip() or DEFAULT_SERVER_HOST,
+        server_port=_port(env, "LAKECAST_SERVER_PORT", DEFAULT_SERVER_PORT),
+        server_token=env.get("LAKECAST_SERVER_TOKEN", "").strip() or None,
+        server_token_file=Path(_path_or_uri(env["LAKECAST_SERVER_TOKEN_FILE"], root))
+        if env.get("LAKECAST_SERVER_TOKEN_FILE") else None,
+        cluster_port=_port(env, "LAKECAST_CLUSTER_PORT", DEFAULT_CLUSTER_PORT),
+        pipelines_module=env.get("LAKECAST_PIPELINES", "").strip() or None,
+        crash_at=env.get("LAKECAST_CRASH_AT", "").strip(),
     )
+
+
+def _port(env: dict[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"{name}={value!r}: use a TCP port number (1-65535), or leave it "
+                          f"empty for {default}")
+    return int(value)
 
 
 def _parallelism(value: str) -> int | None:

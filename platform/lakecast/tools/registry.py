@@ -33,7 +33,9 @@ class UnknownPipeline(LakecastError):
 
 def pipelines(module: str | None = None) -> tuple[str, Mapping[str, PipelineFactory]]:
     """The pipelines module's name and its ``PIPELINES`` mapping."""
-    name = module or os.environ.get(ENV) or DEFAULT_MODULE
+    from lakecast.config import get_settings
+
+    name = module or get_settings().pipelines_module or DEFAULT_MODULE
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
