@@ -11,8 +11,10 @@ Everything lives under ``--root`` (``LAKECAST_PROD_ROOT``, default ``var/prodsta
 ``logs/`` and ``run/`` (pids, the generated database password). From the environment:
 ``DAGSTER_PG_PORT`` (15432), ``LAKECAST_WEB_PORT`` (3001), ``DAGSTER_PG_USER`` and
 ``DAGSTER_PG_DB`` (``lakecast``), ``DAGSTER_PG_PASSWORD`` (generated once if unset). Every
-listener binds 127.0.0.1. The rest of the environment (``LAKECAST_*``: lake root, Spark)
-passes through to the daemon and so to its runs.
+listener binds 127.0.0.1. The rest of the environment (``LAKECAST_*``: lake root, Spark,
+the Spark server's ``LAKECAST_SERVER_TOKEN``) passes through to the daemon and so to its
+runs, never into run config or ``status``; without a token variable the runs read the
+server's ``var/server/token``.
 """
 
 from __future__ import annotations

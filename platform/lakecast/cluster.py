@@ -24,14 +24,13 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lakecast.config import Settings, get_settings
+from lakecast.config import DEFAULT_CLUSTER_PORT, DEFAULT_SERVER_PORT, Settings, get_settings
 from lakecast.errors import SetupError
 from lakecast.processes import alive, listening, session_members, stop_sessions, tail
-from lakecast.server import DEFAULT_PORT as DEFAULT_SERVER_PORT
 from lakecast.server import Server
 from lakecast.spark_conf import check_java, python_env
 
-DEFAULT_PORT = 7077
+DEFAULT_PORT = DEFAULT_CLUSTER_PORT
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
@@ -54,10 +53,8 @@ class Cluster:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Cluster:
-        return cls(settings or get_settings(),
-                   port=int(os.environ.get("LAKECAST_CLUSTER_PORT", str(DEFAULT_PORT))),
-                   server_port=int(os.environ.get("LAKECAST_SERVER_PORT",
-                                                  str(DEFAULT_SERVER_PORT))))
+        settings = settings or get_settings()
+        return cls(settings, port=settings.cluster_port, server_port=settings.server_port)
 
     # -- names -----------------------------------------------------------------------
     @property

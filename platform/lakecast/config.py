@@ -41,6 +41,16 @@ folder Lakecast is installed in. With neither, :func:`get_settings` raises a
 - table maintenance: its schedule ``LAKECAST_MAINTENANCE_CRON`` (``0 3 * * *``, UTC) and
   the VACUUM retention of scheduled runs ``LAKECAST_MAINTENANCE_RETENTION_HOURS`` (none:
   each table's default)
+- the Lakecast Spark server's address: ``LAKECAST_SERVER_HOST`` (``127.0.0.1``; another
+  address needs an operator's token, see :mod:`lakecast.server`) and
+  ``LAKECAST_SERVER_PORT`` (``15002``)
+- the server's pre-shared token, which every client sends: ``LAKECAST_SERVER_TOKEN``
+  (none: read from the token file), else the file ``LAKECAST_SERVER_TOKEN_FILE``
+  (``var/server/token``, generated at the server's first start, mode 0600)
+- the local cluster's master port: ``LAKECAST_CLUSTER_PORT`` (``7077``; see
+  :mod:`lakecast.cluster`)
+- fault injection for tests: ``LAKECAST_CRASH_AT`` (none: never; see
+  :mod:`lakecast.pipeline.faults`)
 
 Lake roots may be URIs (``s3a://bucket/lake``); local paths are made absolute.
 """
@@ -64,6 +74,12 @@ PROJECT_MARKERS = ("pyproject.toml", "workspace.yaml", "dg.toml", "setup.py")
 DEFAULT_DEDUP_RETENTION = timedelta(days=7)
 #: default of ``LAKECAST_HOLD_TIMEOUT``: held events go to unmatched in their own batch
 DEFAULT_HOLD_TIMEOUT = timedelta(0)
+#: default of ``LAKECAST_SERVER_HOST``: loopback only
+DEFAULT_SERVER_HOST = "127.0.0.1"
+#: default of ``LAKECAST_SERVER_PORT`` (Spark Connect's own default)
+DEFAULT_SERVER_PORT = 15002
+#: default of ``LAKECAST_CLUSTER_PORT`` (Spark standalone's own default)
+DEFAULT_CLUSTER_PORT = 7077
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -121,6 +137,12 @@ SETTINGS: tuple[Setting, ...] = (
             "need)."),
     Setting("LAKECAST_SERVER_HOST", "127.0.0.1", "Address the Lakecast Spark server binds."),
     Setting("LAKECAST_SERVER_PORT", "15002", "Port of the Lakecast Spark server."),
+    Setting("LAKECAST_SERVER_TOKEN", "(none: read from the token file)", "The Spark "
+            "server's pre-shared token, which every Lakecast client sends (an operator's "
+            "secret; required to bind beyond loopback)."),
+    Setting("LAKECAST_SERVER_TOKEN_FILE", "var/server/token (generated at the server's "
+            "first start, mode 0600)", "The file the token is read from when "
+            "LAKECAST_SERVER_TOKEN is not set."),
     Setting("LAKECAST_CLUSTER_PORT", "7077", "Port of the local standalone cluster's master "
             "(its web UI on the next port)."),
     Setting("LAKECAST_CRASH_AT", "(none)", "Tests only: kill the process at a named point "
@@ -187,7 +209,7 @@ class Settings:
     jars_dir: Path
     spark_master: str | None
     spark_conf_file: Path | None
-    spark_conf: dict[str, str] = field(default_factory=dict)
+    spark_conf: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     #: "" (in-process Spark), "server" (the project's server) or an ``sc://`` URL
     spark_remote: str = ""
     #: how long by event time a pipeline remembers accepted keys (cross-batch dedup)
@@ -216,6 +238,17 @@ class Settings:
     def log4j_file(self) -> Path:
         """The log4j2 properties Spark JVMs start with (package data)."""
         return default_file("log4j2.properties")
+    #: the Lakecast Spark server's bind address and port
+    server_host: str = DEFAULT_SERVER_HOST
+    server_port: int = DEFAULT_SERVER_PORT
+    #: the operator's server token (``LAKECAST_SERVER_TOKEN``); kept out of ``repr``
+    server_token: str | None = field(default=None, repr=False)
+    #: the operator's token file (None: ``var/server/token`` of the project)
+    server_token_file: Path | None = None
+    #: the local cluster's master port
+    cluster_port: int = DEFAULT_CLUSTER_PORT
+    #: ``<point>`` or ``<point>:<batch_id>`` where a test kills the process (empty: never)
+    crash_at: str = ""
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
@@ -330,7 +363,24 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         keep_checkpoints=_int(env, "LAKECAST_KEEP_CHECKPOINTS", 10, 1) or 10,
         maintenance_cron=env.get("LAKECAST_MAINTENANCE_CRON") or "0 3 * * *",
         maintenance_retention_hours=_int(env, "LAKECAST_MAINTENANCE_RETENTION_HOURS", None),
+        server_host=env.get("LAKECAST_SERVER_HOST", "").strip() or DEFAULT_SERVER_HOST,
+        server_port=_port(env, "LAKECAST_SERVER_PORT", DEFAULT_SERVER_PORT),
+        server_token=env.get("LAKECAST_SERVER_TOKEN", "").strip() or None,
+        server_token_file=Path(_path_or_uri(env["LAKECAST_SERVER_TOKEN_FILE"], root))
+        if env.get("LAKECAST_SERVER_TOKEN_FILE") else None,
+        cluster_port=_port(env, "LAKECAST_CLUSTER_PORT", DEFAULT_CLUSTER_PORT),
+        crash_at=env.get("LAKECAST_CRASH_AT", "").strip(),
     )
+
+
+def _port(env: dict[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"{name}={value!r}: use a TCP port number (1-65535), or leave it "
+                          f"empty for {default}")
+    return int(value)
 
 
 def _parallelism(value: str) -> int | None:

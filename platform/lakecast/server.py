@@ -13,6 +13,13 @@ from the installed ``pyspark`` package (no download), with the configuration of
 :func:`lakecast.spark_conf.build_conf` (Delta's session extension, the local JARs, the
 master: ``local[*]`` or ``LAKECAST_SPARK_MASTER``). It binds to 127.0.0.1 unless
 ``LAKECAST_SERVER_HOST`` says otherwise; its log and pid live in ``var/server/``.
+
+Only the owner gets in (:mod:`lakecast.auth`): Spark Connect checks a pre-shared token
+(``var/server/token``, generated at the first start, or the operator's
+``LAKECAST_SERVER_TOKEN`` / ``LAKECAST_SERVER_TOKEN_FILE``), passed in the server's
+environment; binding another address than loopback needs an operator's token. Secret
+Hadoop settings (S3 keys) reach the server through a ``core-site.xml`` of its own, never
+its Spark conf, which every session exposes.
 """
 
 from __future__ import annotations
@@ -26,12 +33,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakecast.config import Settings, get_settings
+from lakecast.auth import (
+    ensure_token,
+    is_loopback,
+    operator_token,
+    private_folder,
+    server_folder,
+    split_secrets,
+    write_hadoop_site,
+)
+from lakecast.config import DEFAULT_SERVER_PORT, Settings, get_settings
 from lakecast.errors import SetupError
 from lakecast.spark_conf import build_conf, check_java, python_env
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-DEFAULT_PORT = 15002
+DEFAULT_PORT = DEFAULT_SERVER_PORT
+#: addresses that mean "every interface": local clients reach those on loopback
+_ANY = ("0.0.0.0", "::", "[::]", "")
 
 #: server-only settings (sessions are kept until the server stops: a pipeline's session
 #: must outlive the gap between two Dagster runs)
@@ -55,18 +73,23 @@ class Server:
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Server:
         settings = settings or get_settings()
-        host = os.environ.get("LAKECAST_SERVER_HOST", "127.0.0.1")
-        port = int(os.environ.get("LAKECAST_SERVER_PORT", str(DEFAULT_PORT)))
-        return cls(settings, host, port)
+        return cls(settings, settings.server_host, settings.server_port)
 
     @property
     def url(self) -> str:
-        """The ``sc://`` URL clients connect to."""
-        return f"sc://{self.host}:{self.port}"
+        """The ``sc://`` URL clients on this machine connect to (no token: see
+        :func:`lakecast.auth.connection_string`)."""
+        host = "127.0.0.1" if self.host in _ANY else self.host
+        return f"sc://{host}:{self.port}"
 
     @property
     def folder(self) -> Path:
-        return self.settings.var_dir / "server"
+        return server_folder(self.settings)
+
+    @property
+    def hadoop_conf_dir(self) -> Path:
+        """The server's own Hadoop configuration folder (its secret Hadoop settings)."""
+        return self.folder / f"hadoop-{self.port}"
 
     @property
     def pid_file(self) -> Path:
@@ -117,17 +140,21 @@ class Server:
         return f"{state} on {self.url} (pid {pid}, log {self.log_file})"
 
     # -- start / stop --------------------------------------------------------------
-    def command(self) -> list[str]:
-        """The ``spark-submit`` command line that runs the server."""
-        import pyspark
-
-        spark_home = Path(pyspark.__file__).parent
-        conf = build_conf(self.settings, {
+    def _conf(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The server's Spark conf and, apart, its secret Hadoop settings."""
+        return split_secrets(build_conf(self.settings, {
             **SERVER_CONF,
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.app.name": "lakecast-server",
-        })
+        }))
+
+    def command(self) -> list[str]:
+        """The ``spark-submit`` command line that runs the server (no secret on it)."""
+        import pyspark
+
+        spark_home = Path(pyspark.__file__).parent
+        conf = self._conf()[0]
         driver_mem = conf.pop("spark.driver.memory", None)
         cmd = [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS]
         if driver_mem:
@@ -138,7 +165,9 @@ class Server:
 
     def env(self) -> dict[str, str]:
         """The server's environment: Java, Python workers on this interpreter with the
-        project on their path, and loopback addresses."""
+        project on their path, loopback addresses, the token (created if there is none)
+        and, when the Spark conf has secret Hadoop settings, the Hadoop configuration
+        folder that holds them."""
         import pyspark
 
         env = dict(os.environ)
@@ -147,13 +176,32 @@ class Server:
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         env.pop("SPARK_CONNECT_MODE_ENABLED", None)
         env.pop("SPARK_REMOTE", None)
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = ensure_token(self.settings)
+        hidden = self._conf()[1]
+        if hidden:
+            if env.get("HADOOP_CONF_DIR"):
+                raise ServerError(
+                    f"HADOOP_CONF_DIR={env['HADOOP_CONF_DIR']} is set and the Spark conf has "
+                    f"secret Hadoop settings ({', '.join(sorted(hidden))}): put them in that "
+                    f"folder's core-site.xml instead, or unset HADOOP_CONF_DIR")
+            env["HADOOP_CONF_DIR"] = str(write_hadoop_site(self.hadoop_conf_dir, hidden))
         return env
+
+    def check_binding(self) -> None:
+        """Refuse an address beyond loopback unless the operator gave a token."""
+        if not is_loopback(self.host) and not operator_token(self.settings):
+            raise ServerError(
+                f"refusing to serve Spark on {self.host} without a token of yours: set "
+                f"LAKECAST_SERVER_TOKEN (or LAKECAST_SERVER_TOKEN_FILE, mode 600) to a secret "
+                f"its clients share and put TLS in front of it (deploy/README.md), or bind "
+                f"127.0.0.1")
 
     def start(self, timeout: float = 120.0) -> str:
         """Start the server unless it runs; wait until it serves. Returns its URL."""
         if self.pid() is not None:
             self.wait_ready(timeout)
             return self.url
+        self.check_binding()
         check_java()
         deadline = time.monotonic() + 15  # a killed JVM may hold its port for a moment
         while self.listening() and time.monotonic() < deadline:
@@ -162,7 +210,7 @@ class Server:
             raise ServerError(
                 f"port {self.port} on {self.host} is taken by another process; stop it or set "
                 f"LAKECAST_SERVER_PORT to a free port")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_folder(self.folder)
         self.settings.ensure_local_dirs()
         with open(self.log_file, "ab") as log:
             proc = subprocess.Popen(
@@ -206,6 +254,7 @@ class Server:
             while alive() and time.monotonic() < deadline + 10:
                 time.sleep(0.2)
         self.pid_file.unlink(missing_ok=True)
+        (self.hadoop_conf_dir / "core-site.xml").unlink(missing_ok=True)
         return True
 
     def log_tail(self, lines: int = 20) -> str:

@@ -9,7 +9,10 @@
   ``server`` starts the project's own on demand). ``get_spark(session="name")`` attaches
   to the server-side session ``name`` of this lake: every process asking for the same
   name shares that session and its Python workers, so task-local state stays warm
-  between Dagster runs. Without a name a process gets a session of its own.
+  between Dagster runs. Without a name a process gets a session of its own. Every
+  client sends the server's token; a named session's id is random, kept by the owner
+  (:mod:`lakecast.auth`), so other clients cannot attach to it. No client sets
+  credentials on a session: the server has its own (:mod:`lakecast.server`).
 
 Engine code must run in both modes: no ``sparkContext``, RDDs, accumulators or
 broadcast variables; :func:`default_parallelism` and :func:`local_checkpoint` cover the
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from lakecast.auth import client_token, connection_string, session_id_for
 from lakecast.config import Settings, get_settings
 from lakecast.errors import SetupError
 from lakecast.spark_conf import (
@@ -97,26 +101,22 @@ def _classic(settings: Settings, overrides: dict[str, str], app_name: str) -> Sp
 
 
 def _set_s3a_conf(spark: SparkSession, settings: Settings) -> None:
-    """The Spark conf's ``spark.hadoop.fs.s3a.*`` settings as session settings: Spark
-    copies a session's settings into the Hadoop configuration of its reads and writes,
-    so a session started without them (or a Spark Connect server's) reaches the same
-    object store (:mod:`lakecast.delta.objstore`)."""
-    from lakecast.delta.objstore import s3a_session_conf
+    """The Spark conf's ``spark.hadoop.fs.s3a.*`` settings in the Hadoop configuration of
+    a running in-process session (not as session settings, which a client can read back),
+    so a session started without them reaches the same object store
+    (:mod:`lakecast.delta.objstore`)."""
+    from lakecast.delta.objstore import s3a_hadoop_conf
 
-    for k, v in s3a_session_conf(settings).items():
-        if spark.conf.get(k, None) != v:
-            spark.conf.set(k, v)
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for k, v in s3a_hadoop_conf(settings).items():
+        if hadoop.get(k) != v:
+            hadoop.set(k, v)
 
 
 def _set_sql_conf(spark: SparkSession, overrides: dict[str, str]) -> None:
     for k, v in overrides.items():
         if k.startswith("spark.sql.") and not k.startswith("spark.sql.extensions"):
             spark.conf.set(k, str(v))
-
-
-def session_id_for(settings: Settings, name: str) -> str:
-    """The stable server-side session id of session ``name`` on this lake."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"lakecast:{settings.lake_root}:{name}"))
 
 
 def _server_url(settings: Settings) -> str:
@@ -134,7 +134,6 @@ def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) ->
     if cached is not None:
         _activate(cached)
         _set_sql_conf(cached, overrides)
-        _set_s3a_conf(cached, settings)
         return cached
     fix = ("start it with `lakecast server start` (or set LAKECAST_SPARK_REMOTE=server to "
            "start it on demand, or unset LAKECAST_SPARK_REMOTE to run Spark in-process)")
@@ -143,17 +142,25 @@ def _connect(settings: Settings, name: str | None, overrides: dict[str, str]) ->
             f"no Spark Connect server answers at {url} (connection refused): {fix}")
     # PySpark picks its Spark Connect implementations by this variable: from now on
     # this process is a Spark Connect client
+    connection = connection_string(url, client_token(settings, url), sid)
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    spark = ConnectSession.builder.remote(f"{url}/;session_id={sid}").create()
+    spark = ConnectSession.builder.remote(connection).create()
     try:
         spark.conf.get("spark.sql.session.timeZone")
     except Exception as e:
+        with contextlib.suppress(Exception):
+            spark.client.close()
+        if "UNAUTHENTICATED" in str(e):
+            raise ServerUnavailableError(
+                f"the Spark Connect server at {url} refused this client's token "
+                f"(UNAUTHENTICATED): it was started with another one; restart it "
+                f"(`lakecast server stop`, then `lakecast server start`) or set "
+                f"LAKECAST_SERVER_TOKEN to its token") from None
         raise ServerUnavailableError(f"the Spark Connect server at {url} did not answer: "
                                      f"{str(e).splitlines()[0]}; {fix}") from None
     _set_sql_conf(spark, overrides)
-    _set_s3a_conf(spark, settings)
     _SESSIONS[(url, sid)] = spark
     # a session of this process only is released on exit; a named one outlives it
     atexit.register(_on_exit, spark, url, not name)

@@ -5,9 +5,10 @@ batch assets that build the broadcast tables, materialized by Dagster on the ``s
 lake, against the pandas reference (:mod:`tests.assets.reference`).
 
 The test run's Spark session started without the S3A settings: they come from
-``LAKECAST_SPARK_CONF`` (``spark.hadoop.fs.s3a.*``), which ``get_spark`` applies to a
-running session, and the same values reach ``deltalake`` / pyarrow as storage options
-(:mod:`lakecast.delta.objstore`).
+``LAKECAST_SPARK_CONF`` (``spark.hadoop.fs.s3a.*``), which ``get_spark`` puts in a
+running session's Hadoop configuration, and the same values reach ``deltalake`` / pyarrow
+as storage options (:mod:`lakecast.delta.objstore`). A Lakecast Spark server gets them
+at start and keeps the secret ones off its sessions (a second client cannot read them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import date
+from pathlib import Path
+from uuid import uuid4
 
 import pandas as pd
 import pytest
@@ -43,6 +46,7 @@ from jobs.storefront.sensors import broadcast_versions_sensor
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.delta import objstore
+from lakecast.server import Server
 from lakecast.spark import get_spark
 from lakecast.tools import cli
 from tests.assets import reference
@@ -104,7 +108,8 @@ def _s3_conf(endpoint: str, secret: str = "test-secret") -> str:
 @pytest.fixture
 def s3_lake(spark, s3_endpoint, lake, monkeypatch, request) -> Iterator[Settings]:
     """Settings of a lake under ``s3a://BUCKET/<test>/`` (the ``lake`` fixture's Dagster
-    home stays local); the session's ``fs.s3a.*`` settings are removed afterwards."""
+    home stays local); the ``fs.s3a.*`` settings get_spark put in the session's Hadoop
+    configuration are removed afterwards."""
     prefix = f"s3a://{BUCKET}/{request.node.name}"
     monkeypatch.setenv("LAKECAST_LAKE_ROOT", f"{prefix}/lake")
     monkeypatch.setenv("LAKECAST_CHECKPOINT_ROOT", f"{prefix}/checkpoints")
@@ -113,8 +118,9 @@ def s3_lake(spark, s3_endpoint, lake, monkeypatch, request) -> Iterator[Settings
         monkeypatch.delenv(k, raising=False)
     settings = get_settings()
     yield settings
-    for k in objstore.s3a_session_conf(settings):
-        spark.conf.unset(k)
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for k in objstore.s3a_hadoop_conf(settings):
+        hadoop.unset(k)
 
 
 INPUTS = (EVENTS, DIM_PRODUCTS, USER_SEGMENTS, "feature_flags")
@@ -143,7 +149,10 @@ def test_object_store_lake_matches_the_local_lake(spark, s3_lake, tmp_path, caps
                           "LAKECAST_CHECKPOINT_ROOT": str(tmp_path / "local_cp")})
     s3 = s3_lake
     s3_spark = get_spark(settings=s3)  # the running session, now with the fs.s3a.* settings
-    assert s3_spark is spark and spark.conf.get("fs.s3a.path.style.access") == "true"
+    assert s3_spark is spark
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    assert hadoop.get("fs.s3a.path.style.access") == "true"
+    assert spark.conf.get("fs.s3a.secret.key", None) is None  # not a session setting
     opts = objstore.storage_options(s3)
     assert opts["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
     assert opts["AWS_ACCESS_KEY_ID"] == "test-key" and opts["AWS_ALLOW_HTTP"] == "true"
@@ -228,8 +237,11 @@ def test_storage_options_come_from_the_s3a_conf_else_the_aws_environment(tmp_pat
     assert (opts["AWS_ACCESS_KEY_ID"], opts["AWS_SECRET_ACCESS_KEY"]) == ("ak", "sk")
     assert opts["AWS_ALLOW_HTTP"] == "true" and opts["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] == "false"
     assert opts["AWS_REGION"] == "eu-west-1"
-    assert objstore.s3a_session_conf(s3a)["fs.s3a.endpoint"] == "minio.local:9000"
-    assert "spark.sql.shuffle.partitions" not in objstore.s3a_session_conf(s3a)
+    assert objstore.s3a_hadoop_conf(s3a)["fs.s3a.endpoint"] == "minio.local:9000"
+    assert "spark.sql.shuffle.partitions" not in objstore.s3a_hadoop_conf(s3a)
+    assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in opts  # only on the operator's opt-in
+    optin = objstore.storage_options(s3a, {**env, "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+    assert optin["AWS_S3_ALLOW_UNSAFE_RENAME"] == "true"
     plain = get_settings(base)
     assert objstore.storage_options(plain, env)["AWS_ENDPOINT_URL"] == "https://s3.example"
     assert "AWS_ALLOW_HTTP" not in objstore.storage_options(plain, env)
@@ -285,3 +297,66 @@ def test_batch_assets_on_the_object_store_match_pandas(spark, s3_lake):
     assert changed == len(expected) > 0
     pd.testing.assert_frame_equal(seg.reset_index(drop=True), expected[SEGMENT_COLUMNS],
                                   check_dtype=False)
+
+
+def test_two_writers_of_one_version_both_keep_their_rows_without_unsafe_rename(s3_endpoint,
+                                                                              monkeypatch):
+    """deltalake commits with a conditional put: two writers that read version 0 both
+    append, the second retries as version 2, nothing is lost (no AWS_S3_ALLOW_UNSAFE_RENAME)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    monkeypatch.delenv("AWS_S3_ALLOW_UNSAFE_RENAME", raising=False)
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint))
+    uri = f"s3://{BUCKET}/two-writers-{_free_port()}"
+    opts = objstore.storage_options(get_settings(), {})
+    assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in opts
+    rows = pa.table({"x": [1, 2]})
+    write_deltalake(uri, rows, storage_options=opts)
+    first, second = DeltaTable(uri, storage_options=opts), DeltaTable(uri, storage_options=opts)
+    write_deltalake(first, rows, mode="append")
+    write_deltalake(second, rows, mode="append")  # both read version 0
+    table = DeltaTable(uri, storage_options=opts)
+    assert table.version() == 2 and table.to_pyarrow_table().num_rows == 6
+
+
+@pytest.mark.connect
+def test_a_second_client_of_the_server_cannot_read_the_s3_secret_key(s3_endpoint, lake,
+                                                                      monkeypatch, request):
+    """A Lakecast Spark server started with S3 credentials in its Spark conf reaches the
+    store (a pipeline session writes and reads a Delta table there), yet neither a second
+    client's session nor the pipeline's own reads the secret key back, and it is on
+    neither the server's command line nor its log."""
+    secret = f"s3-secret-{uuid4().hex}"
+    prefix = f"s3a://{BUCKET}/{request.node.name}"
+    monkeypatch.setenv("LAKECAST_LAKE_ROOT", f"{prefix}/lake")
+    monkeypatch.setenv("LAKECAST_CHECKPOINT_ROOT", f"{prefix}/checkpoints")
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint, secret))
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    server = Server(get_settings(), "127.0.0.1", _free_port())
+    try:
+        server.start()
+        monkeypatch.setenv("LAKECAST_SPARK_REMOTE", server.url)
+        settings = get_settings()
+        site = server.hadoop_conf_dir / "core-site.xml"
+        assert secret in site.read_text() and oct(site.stat().st_mode & 0o777) == "0o600"
+        pid = server.pid()
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+        pipeline = get_spark(settings=settings, session="pipeline:s3-secret")
+        path = settings.table_path("secret_probe")
+        delta_io.write(pipeline.range(5).toDF("k"), path)  # the server's S3A credentials
+        assert delta_io.read(pipeline, path).count() == 5
+        other = get_spark(settings=settings)  # a second client, a session of its own
+        assert other.session_id != pipeline.session_id
+        for spark in (other, pipeline):
+            for key in ("spark.hadoop.fs.s3a.secret.key", "fs.s3a.secret.key",
+                        "spark.hadoop.fs.s3a.access.key", "fs.s3a.access.key"):
+                assert spark.conf.get(key, None) is None, key
+            listed = spark.sql("SET").collect() + spark.sql("SET -v").collect()
+            assert not any(secret in str(row) for row in listed)
+        assert secret not in server.log_file.read_text(errors="replace")
+    finally:
+        server.stop()
+    assert not (server.hadoop_conf_dir / "core-site.xml").exists()

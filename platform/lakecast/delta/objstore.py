@@ -3,9 +3,10 @@
 One place derives the settings every reader of an object-store lake uses:
 
 - Spark: ``spark.hadoop.fs.s3a.*`` pairs of ``LAKECAST_SPARK_CONF`` (or the defaults file)
-  configure S3A when a JVM starts; :func:`s3a_session_conf` gives the same pairs as
-  session settings (``fs.s3a.*``), which Spark copies into the Hadoop configuration of
-  every read and write, so a session started before them picks them up too;
+  configure S3A when a JVM starts; :func:`s3a_hadoop_conf` gives the same pairs as
+  Hadoop keys (``fs.s3a.*``), which an in-process session started before them puts in
+  its Hadoop configuration (never as session settings: a Lakecast Spark server gets its
+  credentials at start, :mod:`lakecast.server`);
 - :func:`storage_options`: the same values for ``deltalake`` (delta-rs) and pyarrow,
   from that Spark conf, else from the ``AWS_*`` environment variables
   (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -66,9 +67,9 @@ def options_for(path: str, settings: Settings | None = None) -> dict[str, str] |
     return storage_options(settings) if is_object_store(path) else None
 
 
-def s3a_session_conf(settings: Settings | None = None) -> dict[str, str]:
-    """The ``spark.hadoop.fs.s3a.*`` settings of the Spark conf as session settings
-    (``fs.s3a.*``), for a session that started without them."""
+def s3a_hadoop_conf(settings: Settings | None = None) -> dict[str, str]:
+    """The ``spark.hadoop.fs.s3a.*`` settings of the Spark conf as Hadoop keys
+    (``fs.s3a.*``), for an in-process session that started without them."""
     conf = _spark_conf(settings or get_settings())
     return {k.removeprefix("spark.hadoop."): v for k, v in conf.items() if k.startswith(_S3A)}
 
@@ -81,7 +82,7 @@ def storage_options(settings: Settings | None = None,
     opts = {k: env[k] for k in _ENV if env.get(k)}
     if "AWS_REGION" not in opts and env.get("AWS_DEFAULT_REGION"):
         opts["AWS_REGION"] = env["AWS_DEFAULT_REGION"]
-    s3a = s3a_session_conf(settings)
+    s3a = s3a_hadoop_conf(settings)
     for key, opt in _FROM_S3A.items():
         if s3a.get(f"fs.s3a.{key}"):
             opts[opt] = s3a[f"fs.s3a.{key}"]
@@ -94,9 +95,13 @@ def storage_options(settings: Settings | None = None,
     if s3a.get("fs.s3a.path.style.access", "").lower() == "true":
         opts["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "false"
     opts.setdefault("AWS_REGION", "us-east-1")
-    # delta-rs commits with a conditional put where the store has one (S3 has); no
-    # external lock is configured here
-    opts.setdefault("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
+    # Not AWS_S3_ALLOW_UNSAFE_RENAME by default: deltalake >= 1.0 commits a version with a
+    # conditional put (If-None-Match), so two writers of a table cannot both write one
+    # version; S3 (since 2024), MinIO, R2 and moto support it. It is safe only where a
+    # table has one writer at a time (Lakecast's Dagster pools, lakecast_delta_<table>)
+    # on a store without conditional writes: the operator opts in with the variable.
+    if env.get("AWS_S3_ALLOW_UNSAFE_RENAME"):
+        opts["AWS_S3_ALLOW_UNSAFE_RENAME"] = env["AWS_S3_ALLOW_UNSAFE_RENAME"]
     return opts
 
 

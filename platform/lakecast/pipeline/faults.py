@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+from lakecast.config import get_settings
+
 CRASH_ENV = "LAKECAST_CRASH_AT"
 """Fault injection for tests: ``LAKECAST_CRASH_AT=<point>`` kills the process with
 SIGKILL at that point of a batch (``planned``, ``read``, ``main_written``,
@@ -12,7 +14,7 @@ SIGKILL at that point of a batch (``planned``, ``read``, ``main_written``,
 
 
 def crash_point(point: str, batch_id: int) -> None:
-    target = os.environ.get(CRASH_ENV)
+    target = get_settings().crash_at
     if not target:
         return
     name, _, only = target.partition(":")

@@ -65,9 +65,12 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from lakecast.server import Server
 
     server = Server.from_settings()
+    server = replace(server, host=args.host or server.host, port=args.port or server.port)
     if args.action == "start":
         running = server.pid() is not None
         print(f"{'already running' if running else 'starting'}: Lakecast Spark server on "
@@ -120,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("server", help="the Lakecast Spark server (Spark Connect + Delta, "
                                         "127.0.0.1): start, stop, status")
     srv.add_argument("action", choices=["start", "stop", "status"])
+    srv.add_argument("--host", default=None, help="bind address (default LAKECAST_SERVER_HOST "
+                     "or 127.0.0.1; another address needs LAKECAST_SERVER_TOKEN and TLS)")
+    srv.add_argument("--port", type=int, default=None,
+                     help="port (default LAKECAST_SERVER_PORT or 15002)")
     srv.set_defaults(fn=cmd_server)
     cl = sub.add_parser("cluster", help="a local Spark standalone cluster (master, workers, "
                                         "the Lakecast Spark server as driver; 127.0.0.1)")
