@@ -237,7 +237,8 @@ def declare_maintenance(decl: PipelineDeclaration,
                           "(LAKECAST_MAINTENANCE_CRON, daily at 03:00 UTC by default); "
                           f"skipped while {decl.continuous_job_name} writes them.")
     def maintenance_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
-        active = active_runs(context.instance, (decl.continuous_job_name,))
+        active = (active_runs(context.instance, (decl.continuous_job_name,))
+                  if context.instance_ref is not None else [])
         if active:
             return SkipReason(f"run {active[0].run_id} of {decl.continuous_job_name} is "
                               "writing the tables; maintenance waits for a later tick")
