@@ -321,8 +321,10 @@ def txn_versions(path: str, app_id: str, spark: SparkSession | None = None) -> d
 
 #: operations whose changes the ``deltalake`` CDF reader gives exactly like Spark's;
 #: any other (schema or property changes, overwrites, restores...) goes to Spark's reader
-_CDF_OPERATIONS = {"WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE"}
-_INSERT_ONLY = {"WRITE", "STREAMING UPDATE"}
+#: OPTIMIZE rewrites files with dataChange=false: no change rows (deltalake's load_cdf and
+#: Spark's reader both skip it), as table maintenance leaves it between two batches
+_CDF_OPERATIONS = {"WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE", "OPTIMIZE"}
+_INSERT_ONLY = {"WRITE", "STREAMING UPDATE", "OPTIMIZE"}
 
 
 def _cdf_plan(path: str, start: int, end: int) -> str | None:
