@@ -63,6 +63,18 @@ def test_passed_needs_a_measured_value_and_every_measured_pass(tmp_path):
     assert BENCH.report(ok, name="ok", results_dir=tmp_path)["passed"] is True
 
 
+def test_a_run_off_the_targets_conditions_never_passes(tmp_path, capsys):
+    small = Benchmark("demo", "cmd", BENCH.measures,
+                      conditions=lambda r: None if r.get("scale") == 1 else "scale 0.1")
+    ok = {"a": {"mine_s": 1.0, "theirs_s": 5.0}, "b": {"eps": 3000}}
+    assert small.report({**ok, "scale": 1}, name="s1", results_dir=tmp_path)["passed"]
+    out = small.report({**ok, "scale": 0.1}, name="s2", results_dir=tmp_path)
+    assert out["passed"] is False and out["off_target_conditions"] == "scale 0.1"
+    assert "not at the targets' conditions: scale 0.1" in capsys.readouterr().out
+    assert targets.DELTA_LOG_POLL.conditions({"commits": 19_999}) is not None
+    assert targets.DELTA_LOG_POLL.conditions({"commits": 20_000}) is None
+
+
 def test_an_unknown_comparison_is_refused():
     with pytest.raises(ValueError, match="op"):
         Measure("m", 1.0, "=<", "x", "side")

@@ -321,10 +321,9 @@ def txn_versions(path: str, app_id: str, spark: SparkSession | None = None) -> d
 
 #: operations whose changes the ``deltalake`` CDF reader gives exactly like Spark's;
 #: any other (schema or property changes, overwrites, restores...) goes to Spark's reader
-#: OPTIMIZE rewrites files with dataChange=false: no change rows (deltalake's load_cdf and
-#: Spark's reader both skip it), as table maintenance leaves it between two batches
-_CDF_OPERATIONS = {"WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE", "OPTIMIZE"}
-_INSERT_ONLY = {"WRITE", "STREAMING UPDATE", "OPTIMIZE"}
+_NO_DATA_CHANGE = {"OPTIMIZE", "VACUUM START", "VACUUM END"}  # files rearranged: no rows
+_CDF_OPERATIONS = {"WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE", *_NO_DATA_CHANGE}
+_INSERT_ONLY = {"WRITE", "STREAMING UPDATE", *_NO_DATA_CHANGE}  # readable without the CDF
 
 
 def _cdf_plan(path: str, start: int, end: int) -> str | None:
