@@ -82,9 +82,10 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
         "spark.driver.extraJavaOptions", ""
     ):
         opts = conf.get("spark.driver.extraJavaOptions", "")
+        spark_log = settings.project_root / "var" / "log" / "spark.log"  # full traces
         conf["spark.driver.extraJavaOptions"] = (
-            f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
-        )
+            f"{opts} -Dlog4j.configurationFile=file:{log4j} -Dlakecast.spark.log={spark_log}"
+        ).strip()
     conf.setdefault("spark.sql.warehouse.dir", str(settings.project_root / "var" / "warehouse"))
     return conf
 
