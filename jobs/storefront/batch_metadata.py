@@ -12,7 +12,8 @@ killed after N batches still shows those N):
   ``state_version`` (broadcast table → Delta version), ``batch_rows`` (rows this batch
   wrote to the asset) and the batch's ``events_in``/``enriched``/``unmatched``/``rejected``
   and ``cross_batch_duplicates`` (rejected events whose ``event_id`` an earlier batch
-  accepted; the dedup's ``dedup_watermark``/``dedup_retained``/``dedup_keys_found`` too);
+  accepted; the dedup's ``dedup_watermark``/``dedup_retained``/``dedup_keys_found`` too),
+  ``too_late_to_deduplicate`` (valid events older than ``dedup_horizon``, rejected);
   ``held`` (events held after the batch), ``held_retried`` (held events it offered
   again) and ``held_expired`` (held events it sent to unmatched after the hold timeout);
 - ``dagster/row_count``: rows in the table after the batch's commit (from the Delta
@@ -42,7 +43,7 @@ from jobs.storefront.pipeline import ENRICHED_EVENTS, ENRICHMENT, OUTPUTS
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.held import HELD_COUNTS
-from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, BatchResult
+from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, LATE_EVENTS, BatchResult
 from lakecast.pipeline.progress import BatchCommit, BatchPlan
 
 
@@ -67,7 +68,7 @@ def batch_metadata(
         "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
         **{k: int(counts.get(k, 0)) for k in ("events_in", "enriched", "unmatched",
                                                 "rejected", CROSS_BATCH_DUPLICATES,
-                                                *HELD_COUNTS)},
+                                                LATE_EVENTS, *HELD_COUNTS)},
     }
     if written is not None and oldest is not None and newest is not None:
         common["commit_to_output_seconds"] = round(written - oldest, 3)

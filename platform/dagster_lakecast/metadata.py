@@ -41,8 +41,9 @@ __all__ = [
     "requested_versions", "table_versions",
 ]  # fmt: skip
 
-#: engine counts copied into the metadata when present (keyed runtimes add the last two)
-EXTRA_COUNTS = ("processed", "changed_keys", "timers_fired")
+#: engine counts copied into the metadata when present (keyed runtimes add changed_keys
+#: and timers_fired; a dedup adds too_late_to_deduplicate)
+EXTRA_COUNTS = ("processed", "changed_keys", "timers_fired", "too_late_to_deduplicate")
 
 
 def table_versions(decl: PipelineDeclaration, settings: Settings) -> dict[str, int | None]:

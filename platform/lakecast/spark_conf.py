@@ -83,9 +83,10 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
         "spark.driver.extraJavaOptions", ""
     ):
         opts = conf.get("spark.driver.extraJavaOptions", "")
+        spark_log = settings.var_dir / "log" / "spark.log"  # full traces
         conf["spark.driver.extraJavaOptions"] = (
-            f"{opts} -Dlog4j.configurationFile=file:{log4j}".strip()
-        )
+            f"{opts} -Dlog4j.configurationFile=file:{log4j} -Dlakecast.spark.log={spark_log}"
+        ).strip()
     conf.setdefault("spark.sql.warehouse.dir", str(settings.var_dir / "warehouse"))
     return conf
 

@@ -79,11 +79,13 @@ def build(spark, lake) -> None:
 
 def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
              prods: pd.DataFrame | None = None, *, prior: pd.DataFrame | None = None,
-             retention: pd.Timedelta = RETENTION) -> dict[str, pd.DataFrame]:
+             retention: pd.Timedelta = RETENTION, accept_late: bool = False
+             ) -> dict[str, pd.DataFrame]:
     """The outputs of one batch, computed with pandas: rejected / unmatched / enriched,
     and ``accepted`` (event_id, ts of the enriched and unmatched events) (``prods``:
     dim_products, default :func:`products`; ``prior``: the ``accepted`` of earlier
-    batches, for cross-batch duplicates, see :func:`expected_batches`)."""
+    batches, for cross-batch duplicates and late events, see :func:`expected_batches`;
+    ``accept_late``: events older than the horizon are accepted unchecked)."""
     ev = ev.copy()
     ts = pd.to_datetime(ev["event_time"], format="%Y-%m-%d %H:%M:%S", errors="coerce")
     reason = pd.Series([None] * len(ev), dtype=object)
@@ -107,8 +109,12 @@ def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
             for i, e in enumerate(ev["event_id"])]
         reason = reason.where(~pd.Series(earlier, index=reason.index), "duplicate_event_id")
         ev["earlier"] = earlier
+        # too late: valid, not a duplicate, older than the newest accepted time - retention
+        late = reason.isna() & (ts < prior["ts"].max() - retention) & (not accept_late)
+        reason = reason.where(~late, "too_late_to_deduplicate")
+        ev["late"] = late
     else:
-        ev["earlier"] = False
+        ev["earlier"] = ev["late"] = False
     ev["reason"] = reason
     ev["ts"] = ts
     valid = ev[ev["reason"].isna()]
@@ -121,7 +127,7 @@ def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
     enriched["segment"] = enriched["segment"].fillna("NEW")
     enriched["vip_discount_pct"] = np.where(enriched["segment"] == "VIP", vip_pct, 0.0)
     return {
-        "rejected": ev[ev["reason"].notna()][["event_id", "reason", "earlier"]],
+        "rejected": ev[ev["reason"].notna()][["event_id", "reason", "earlier", "late"]],
         "unmatched": unmatched[["event_id"]],
         "enriched": enriched[["event_id", "user_id", "product_category", "product_price",
                               "segment", "vip_discount_pct"]],
@@ -130,21 +136,26 @@ def expected(ev: pd.DataFrame, segs: pd.DataFrame, vip_pct: float,
 
 
 def expected_batches(batches: list[pd.DataFrame], segs: pd.DataFrame, vip_pct: float,
-                     retention: pd.Timedelta = RETENTION) -> dict[str, pd.DataFrame]:
+                     retention: pd.Timedelta = RETENTION, accept_late: bool = False
+                     ) -> dict[str, pd.DataFrame]:
     """:func:`expected` of one batch per frame, in order, each checked against the events
-    the earlier ones accepted; the outputs concatenated (``earlier`` in ``rejected``:
-    a duplicate of an earlier batch's event; ``cross_batch``: how many per batch)."""
+    the earlier ones accepted; the outputs concatenated (``earlier`` / ``late`` in
+    ``rejected``: a duplicate of an earlier batch's event / older than the horizon;
+    ``cross_batch`` / ``late``: how many per batch)."""
     prior = pd.DataFrame({"event_id": pd.Series([], dtype="int64"),
                           "ts": pd.Series([], dtype="datetime64[ns]")})
     outs = []
     for ev in batches:
-        out = expected(ev, segs, vip_pct, prior=prior, retention=retention)
+        out = expected(ev, segs, vip_pct, prior=prior, retention=retention,
+                       accept_late=accept_late)
         prior = pd.concat([prior, out["accepted"]], ignore_index=True)
         outs.append(out)
     merged = {k: pd.concat([o[k] for o in outs], ignore_index=True)
               for k in ("rejected", "unmatched", "enriched", "accepted")}
     merged["cross_batch"] = pd.DataFrame(
         {"batch": range(len(outs)), "n": [int(o["rejected"]["earlier"].sum()) for o in outs]})
+    merged["late"] = pd.DataFrame(
+        {"batch": range(len(outs)), "n": [int(o["rejected"]["late"].sum()) for o in outs]})
     return merged
 
 

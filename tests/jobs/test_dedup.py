@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from datetime import timedelta
 
 import pandas as pd
@@ -17,6 +18,7 @@ import pytest
 from dagster import materialize
 
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from jobs.storefront.batch_metadata import result_metadata
 from jobs.storefront.microbatch import enrichment_microbatch_assets
 from jobs.storefront.pipeline import (
     ENRICHED_EVENTS,
@@ -135,8 +137,8 @@ def test_retention_by_event_time(spark, lake, monkeypatch, retention):
         # 1: 8 days after its first copy; 2: 6 days after; 10 moves the watermark to 01-12
         _frame([(1, "2026-01-09 10:00:00"), (2, "2026-01-07 10:00:00"),
                 (10, "2026-01-12 10:00:00")]),
-        # 3: its first copy (01-01) is 11 days older than the newest accepted event
-        # (01-12); 4: 6.9 days older, still retained; 10: a plain copy
+        # 3: 11 days older than the newest accepted event (01-12): too late to check,
+        # rejected as such; 4: 6.9 days older, still retained; 10: a plain copy
         _frame([(3, "2026-01-01 10:00:00"), (4, "2026-01-05 12:00:00"),
                 (10, "2026-01-12 10:00:00")]),
     ]
@@ -148,10 +150,12 @@ def test_retention_by_event_time(spark, lake, monkeypatch, retention):
     want = ml.expected_batches(batches, ml.segments_v1(), 10.0, retention=days)
     assert [r.counts["cross_batch_duplicates"] for r in results] == list(
         want["cross_batch"].n)
-    # the cases, spelled out (7 days: 1 again, 2 dup; 3 again, 4 dup, 10 dup;
-    # 9 days: 1 dup too, and 3 still expired: 01-01 is 11 days behind the watermark)
+    assert [r.counts["too_late_to_deduplicate"] for r in results] == list(want["late"].n)
+    # the cases, spelled out (7 days: 1 again, 2 dup; 3 too late, 4 dup, 10 dup;
+    # 9 days: 1 dup too, and 3 still too late: 01-01 is 11 days behind the watermark)
     assert list(want["cross_batch"].n) == ([0, 1, 2] if retention == "7d" else [0, 2, 2])
-    _assert_outputs(_outputs(spark, settings), want, unique=False)
+    assert list(want["late"].n) == [0, 0, 1]
+    _assert_outputs(_outputs(spark, settings), want, unique=retention != "7d")
 
 
 def test_redo_of_a_crashed_batch_with_copies_equals_a_clean_run(spark, lake, server_url):
@@ -204,3 +208,57 @@ def test_retention_is_per_pipeline_too(spark, lake):
     want = ml.expected_batches(batches, ml.segments_v1(), 10.0,
                                retention=pd.Timedelta(hours=12))
     _assert_outputs(_outputs(spark, lake), want, unique=False)
+
+
+@pytest.mark.parametrize("path", ["collected", "distributed"])
+def test_a_copy_older_than_the_horizon_is_rejected_as_too_late(spark, lake, path):
+    """The issue-43 case: event 1 accepted, then a copy of it whose time is older than the
+    newest accepted time minus the retention (7 days): rejected as
+    ``too_late_to_deduplicate``, counted per batch and in the Dagster metadata; event 3,
+    new but as old, too; event 4 within the horizon is accepted."""
+    ml.build(spark, lake)
+    batches = [
+        _frame([(1, "2026-01-01 10:00:00"), (2, "2026-01-20 10:00:00")]),
+        _frame([(1, "2026-01-01 10:00:00"), (3, "2026-01-02 10:00:00"),
+                (4, "2026-01-13 10:00:01")]),
+    ]
+    for frame in batches:
+        ml.write_events(spark, lake, frame)
+    pipeline = build_pipeline(spark, lake, 1)
+    if path == "distributed":
+        pipeline.collect_max_rows = 0
+    results = pipeline.run()
+    assert [r.counts["too_late_to_deduplicate"] for r in results] == [0, 2]
+    assert [r.counts["cross_batch_duplicates"] for r in results] == [0, 0]
+    assert results[1].dedup["horizon"] == "2026-01-13T10:00:00+00:00"
+    want = ml.expected_batches(batches, ml.segments_v1(), 10.0)
+    assert list(want["late"].n) == [0, 2]
+    got = _outputs(spark, lake)
+    _assert_outputs(got, want)  # event 1 once: no second enriched row
+    rej = got[ENRICHMENT_REJECTED]
+    assert sorted(zip(rej.event_id, rej.reason, strict=True)) == [
+        (1, "too_late_to_deduplicate"), (3, "too_late_to_deduplicate")]
+    meta = result_metadata(get_settings(), results[1])
+    assert {a: m["too_late_to_deduplicate"] for a, m in meta.items()} == {
+        a: 2 for a in (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)}
+    assert meta[ENRICHED_EVENTS]["dedup_horizon"] == "2026-01-13T10:00:00+00:00"
+
+
+def test_accept_late_processes_the_late_copy_again(spark, lake):
+    """``DedupSpec.accept_late``: the late copy is accepted unchecked — the documented
+    risk: two enriched rows with one event_id (what pandas computes with accept_late)."""
+    ml.build(spark, lake)
+    batches = [_frame([(1, "2026-01-01 10:00:00"), (2, "2026-01-20 10:00:00")]),
+               _frame([(1, "2026-01-01 10:00:00")])]
+    for frame in batches:
+        ml.write_events(spark, lake, frame)
+    pipeline = build_pipeline(spark, lake, 1)
+    pipeline.dedup = DedupLookup(spark, replace(pipeline.spec.dedup, accept_late=True),
+                                 lake.table_path, pipeline.spec.events_table,
+                                 pipeline.dedup.tables)
+    results = pipeline.run()
+    assert [r.counts["too_late_to_deduplicate"] for r in results] == [0, 0]
+    want = ml.expected_batches(batches, ml.segments_v1(), 10.0, accept_late=True)
+    got = _outputs(spark, lake)
+    _assert_outputs(got, want, unique=False)
+    assert sorted(got[ENRICHED_EVENTS].event_id) == [1, 1, 2]

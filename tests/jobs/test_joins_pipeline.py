@@ -71,11 +71,21 @@ def test_joins_pipeline_writes_what_the_task_plan_and_pandas_do(spark, lake):
         results[e] += p.run()
 
     assert [len(r) for r in results.values()] == [2, 2]
-    for tasks, joins in zip(results["tasks"], results["joins"], strict=True):
+    segments = [ml.segments_v1(), segs2]
+    # pandas, from the events alone: the valid events (the validator's rules, rewritten in
+    # ml.expected) and where each goes (products v0 in both batches: v1 is refused)
+    models = [ml.expected(ev, segments[i], 10.0) for i, ev in enumerate(batches)]
+    for i, (tasks, joins) in enumerate(zip(results["tasks"], results["joins"], strict=True)):
         assert joins.state_version == tasks.state_version
         assert joins.refused_versions == tasks.refused_versions
-        assert joins.counts == tasks.counts
-        assert joins.cold_tasks == 0 and joins.parallelism == 1
+        m = models[i]
+        want = {"events_in": len(batches[i]), "rejected": len(m["rejected"]),
+                "processed": len(m["accepted"]), "enriched": len(m["enriched"]),
+                "unmatched": len(m["unmatched"])}
+        for r in (tasks, joins):
+            assert {k: r.counts[k] for k in want} == want
+        # the joins plan holds no Python state; the task plan does (it ran as tasks)
+        assert joins.state_bytes_per_task == 0 < tasks.state_bytes_per_task
     assert results["joins"][1].state_version == {DIM_PRODUCTS: 0, USER_SEGMENTS: 1}
     assert [(r["table"], r["version"]) for r in results["joins"][1].refused_versions] == [
         (DIM_PRODUCTS, 1)]
@@ -89,7 +99,6 @@ def test_joins_pipeline_writes_what_the_task_plan_and_pandas_do(spark, lake):
     # pandas: each batch's valid events against the versions it planned
     enriched, unmatched = out["joins"]["enriched"], out["joins"]["unmatched"]
     rejected = out["joins"]["rejected"]
-    segments = [ml.segments_v1(), segs2]
     products = ml.products().rename(columns={"category": "product_category",
                                              "price": "product_price"})
     for i, ev in enumerate(batches):
@@ -98,8 +107,12 @@ def test_joins_pipeline_writes_what_the_task_plan_and_pandas_do(spark, lake):
         n_out = sum(int(t["event_id"].isin(ids).sum()) for t in (enriched, unmatched, rejected))
         assert n_out == len(ev)
         bad = rejected[rejected["event_id"].isin(ids)]
-        dropped = set(bad["event_id"]) - set(ev["event_id"][ev["event_id"].duplicated()])
-        valid = ev[~ev["event_id"].isin(dropped)].drop_duplicates("event_id")
+        assert sorted(zip(bad["event_id"], bad["reason"], strict=True)) == sorted(
+            zip(models[i]["rejected"]["event_id"], models[i]["rejected"]["reason"],
+                strict=True))
+        valid = ev[ev["event_id"].isin(models[i]["accepted"]["event_id"])].drop_duplicates(
+            "event_id")
+        assert len(valid) == len(models[i]["accepted"])
         want = valid.merge(products[["product_id", "product_category", "product_price"]],
                            on="product_id", how="left", indicator="found")
         want = want.merge(segments[i], on="user_id", how="left")

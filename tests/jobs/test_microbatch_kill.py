@@ -90,8 +90,8 @@ def _kill_inside(tmp: Path, lake, batch_id: int, rng: random.Random) -> float:
             assert time.monotonic() < deadline, f"batch {batch_id} never started"
             try:
                 plans, _ = _log(lake)
-            except Exception:  # a log commit being written: read again
-                plans = []
+            except (OSError, ValueError, delta_io.DeltaIOError):  # a log commit being
+                plans = []  # written (a file listed but not complete yet): read again
             if any(p.batch_id == batch_id for p in plans):
                 break
             time.sleep(0.05)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -62,6 +63,16 @@ def _committed(lake) -> list[int]:
     return sorted(commits)
 
 
+def _commit_ms(lake, table: str, version: int) -> int:
+    """The commit time of ``table@version`` from its Delta log file's commitInfo."""
+    log = Path(lake.table_path(table)) / "_delta_log" / f"{version:020d}.json"
+    for line in log.read_text().splitlines():
+        info = json.loads(line).get("commitInfo")
+        if info is not None:
+            return int(info.get("inCommitTimestamp", info["timestamp"]))
+    raise AssertionError(f"{log} has no commitInfo")
+
+
 def test_a_run_ends_at_its_versions_and_records_each_batch(spark, lake):
     ml.build(spark, lake)
     frames = [ml.events(1000 * i, 30, seed=i) for i in range(4)]
@@ -89,7 +100,13 @@ def test_a_run_ends_at_its_versions_and_records_each_batch(spark, lake):
             assert [m["dagster/row_count"] for m in metas] == [len(want[0]),
                                                                len(want[0]) + len(want[1])]
             assert [m["events_end"] for m in metas] == [0, 1]
-            assert all(m["commit_to_output_seconds"] >= 0 for m in metas)
+            # from the commit of the batch's first events version to its main output's
+            # commit, read from the two Delta logs here
+            assert [m["commit_to_output_seconds"] for m in metas] == [
+                round(_commit_ms(lake, ENRICHED_EVENTS, main["delta_version"]) / 1000
+                      - _commit_ms(lake, EVENTS, m["events_start"] + 1) / 1000, 3)
+                for m, main in zip(metas, _batch_materializations(instance, ENRICHED_EVENTS),
+                                   strict=True)]
         # the run's totals ride on its last batch's materialization only
         last = _batch_materializations(instance, ENRICHED_EVENTS)[-1]
         assert last["run_batches"] == 2 and last["run_events_in"] == 62

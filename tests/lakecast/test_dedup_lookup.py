@@ -60,8 +60,9 @@ def test_retained_events_of_the_batch_keys(lookup, tmp_path):
     assert prior.retained == 5
     rows = {r[KEY]: r[TIMES] for r in prior.rows.to_pylist()}
     assert rows == {3: [_day(6)], 4: [_day(6)], 5: [_day(11)], 7: [_day(9)]}
-    assert prior.summary() == {"watermark": _day(11).isoformat(), "retained": 5,
-                               "keys_found": 4}
+    assert prior.summary() == {"watermark": _day(11).isoformat(),
+                               "horizon": _day(4).isoformat(), "retained": 5,
+                               "keys_found": 4}  # horizon: the watermark - 7 days
 
 
 def test_as_of_the_recorded_versions(lookup):

@@ -19,7 +19,6 @@ webserver's log — and show the expected names and numbers:
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -27,26 +26,13 @@ from typing import Any
 import pytest
 
 from tests.ui import demo
+from tests.ui.graphql import graphql_errors
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TIMEOUT_MS = 30_000
 #: what the UI shows when a page fails
 ERROR_SIGNS = ("Unexpected GraphQL error", "An unexpected error", "Something went wrong")
-
-
-def _graphql_errors(responses: list[Any]) -> list[str]:
-    """Errors in the GraphQL responses the page received."""
-    errors = []
-    for r in responses:
-        try:
-            body = r.json()
-        except Exception:  # a body no longer kept by the browser: nothing to check
-            continue
-        text = json.dumps(body)
-        if r.status >= 400 or body.get("errors") or '"PythonError"' in text:
-            errors.append(f"{r.status} {text[:500]}")
-    return errors
 
 
 Visit = Callable[..., None]
@@ -84,7 +70,7 @@ def _visitor(page: Any, url: str, shots: Any, problems: list[str]) -> Visit:
         except AssertionError as e:
             failures.append(str(e).splitlines()[0])
         page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
-        failures.extend(_graphql_errors(responses))
+        failures.extend(graphql_errors(responses))
         body = page.inner_text("body")
         failures.extend(f"shows {sign!r}" for sign in ERROR_SIGNS if sign in body)
         problems.extend(f"{name} ({path}): {f}" for f in failures)

@@ -19,7 +19,12 @@ semantics:
   time within ``retention`` of its own (``|t_new - t_old| <= retention``). A copy
   whose first copy left the retention, or whose time is further apart, is accepted
   again. Events rejected earlier (malformed, duplicates) are not in the outputs and do
-  not count. Copies *within* one batch are the validator's business (it sees the batch).
+  not count. Copies *within* one batch are the validator's business (it sees the batch);
+* a new valid event **older than the horizon** ``W - retention`` (and not found a
+  duplicate) cannot be checked any more: its first copy may have left the retention. It
+  is rejected as ``too_late_to_deduplicate`` (:attr:`DedupSpec.late_reason`) and counted
+  per batch, as Structured Streaming's ``dropDuplicatesWithinWatermark`` drops rows
+  behind its watermark; :attr:`DedupSpec.accept_late` accepts it unchecked instead.
 
 Cost: the lookup runs on the driver without a Spark job. It replays the dedup tables'
 Delta logs, skips every file whose ``time_column`` statistics end before ``W -
@@ -58,6 +63,12 @@ if TYPE_CHECKING:
 #: ``_reason`` of a row found in an earlier batch, until the rejected rows are written
 #: (then it becomes :attr:`DedupSpec.reason_text`; counted on the way)
 EARLIER_BATCH = "_earlier_batch_duplicate"
+#: the default :attr:`DedupSpec.late_reason` (events older than the dedup horizon)
+TOO_LATE = "too_late_to_deduplicate"
+#: counts keys of a batch: valid events rejected as copies of events earlier batches
+#: accepted, and as older than the dedup horizon
+CROSS_BATCH_DUPLICATES = "cross_batch_duplicates"
+LATE_EVENTS = "too_late_to_deduplicate"
 KEY = "_dedup_key"
 TIMES = "_dedup_times"
 #: margin for timestamp statistics that writers truncate (e.g. to milliseconds)
@@ -79,6 +90,13 @@ class DedupSpec:
     reason: str | None = None
     #: tables holding the accepted events (default: the main and side outputs)
     tables: tuple[str, ...] | None = None
+    #: a valid event older than the horizon (newest accepted time minus ``retention``):
+    #: ``False`` (default) rejects it with ``late_reason``; ``True`` accepts it unchecked —
+    #: the risk: a late copy of an event accepted earlier is processed again (two output
+    #: rows with one key, silently, as without dedup)
+    accept_late: bool = False
+    #: the rejected rows' reason for events older than the horizon
+    late_reason: str = TOO_LATE
 
     @property
     def reason_text(self) -> str:
@@ -94,11 +112,18 @@ class Prior:
     watermark: datetime | None
     #: accepted events in the retention window (-1: not counted, a Spark lookup)
     retained: int
+    #: valid events older than this are rejected as too late (``None``: none are)
+    horizon: datetime | None = None
 
     @property
     def found(self) -> bool:
         """Whether the batch needs the join (some of its keys were accepted before)."""
         return self.rows is not None
+
+    @property
+    def marks(self) -> bool:
+        """Whether the batch's events must be marked (duplicates found, or a horizon)."""
+        return self.found or self.horizon is not None
 
     def summary(self) -> dict[str, Any]:
         """For logs and metadata: the ``watermark`` (ISO), the ``retained`` events and the
@@ -106,6 +131,7 @@ class Prior:
         keys = (self.rows.num_rows if isinstance(self.rows, pa.Table)
                 else 0 if self.rows is None else -1)
         return {"watermark": self.watermark.isoformat() if self.watermark else None,
+                "horizon": self.horizon.isoformat() if self.horizon else None,
                 "retained": self.retained, "keys_found": keys}
 
 
@@ -140,12 +166,17 @@ class DedupLookup:
         at = {t: self._settled(t, v) for t in self.tables if (v := versions.get(t, -1)) >= 0}
         if not at:
             return None
+        found = None
         if self.direct_reads:
             try:
-                return self._direct(at, self._batch_keys(plan))
+                found = self._direct(at, self._batch_keys(plan))
             except delta_io.DirectReadUnsupported:
-                pass
-        return self._spark(at)
+                found = self._spark(at)
+        else:
+            found = self._spark(at)
+        if found is None or found.watermark is None or self.spec.accept_late:
+            return found
+        return replace(found, horizon=found.watermark - self.spec.retention)
 
     def _settled(self, table: str, version: int) -> int:
         """:func:`settled_version` of ``table`` at ``version``."""
@@ -265,22 +296,31 @@ class DedupLookup:
     # -- the batch's Spark job --------------------------------------------------------
     def mark(self, checked: DataFrame, prior: Prior, reason: str) -> DataFrame:
         """``checked`` (validated events with ``reason``, null = valid) with the valid rows
-        that ``prior`` holds marked :data:`EARLIER_BATCH` (same columns, same order)."""
+        that ``prior`` holds marked :data:`EARLIER_BATCH`, and the other valid rows older
+        than its horizon marked :attr:`DedupSpec.late_reason` (same columns, order)."""
         from pyspark.sql import functions as F
 
-        rows = prior.rows
-        if rows is None:
-            return checked
-        if isinstance(rows, pa.Table):
-            rows = F.broadcast(self.spark.createDataFrame(rows))
-        limit = int(self.spec.retention.total_seconds() * 1_000_000)
-        now = F.unix_micros(F.col(self.spec.time_column))
-        joined = checked.join(rows, F.col(self.spec.key) == F.col(KEY), "left")
-        found = F.col(reason).isNull() & F.exists(
-            F.col(TIMES), lambda t: F.abs(F.unix_micros(t) - now) <= F.lit(limit))
-        return joined.select(*[
-            F.when(found, F.lit(EARLIER_BATCH)).otherwise(F.col(c)).alias(c) if c == reason
-            else F.col(c) for c in checked.columns])
+        rows, now = prior.rows, F.unix_micros(F.col(self.spec.time_column))
+        marked = F.col(reason)
+        joined = checked
+        if rows is not None:
+            if isinstance(rows, pa.Table):
+                rows = F.broadcast(self.spark.createDataFrame(rows))
+            limit = int(self.spec.retention.total_seconds() * 1_000_000)
+            joined = checked.join(rows, F.col(self.spec.key) == F.col(KEY), "left")
+            found = F.col(reason).isNull() & F.exists(
+                F.col(TIMES), lambda t: F.abs(F.unix_micros(t) - now) <= F.lit(limit))
+            marked = F.when(found, F.lit(EARLIER_BATCH)).otherwise(marked)
+        if prior.horizon is not None:
+            late = marked.isNull() & (now < F.lit(_micros(prior.horizon)))
+            marked = F.when(late, F.lit(self.spec.late_reason)).otherwise(marked)
+        return joined.select(*[marked.alias(c) if c == reason else F.col(c)
+                               for c in checked.columns])
+
+    def late_count(self, rows: pa.Table, column: str = "reason") -> int:
+        """Collected rejected rows rejected as older than the horizon."""
+        hit = pc.equal(rows.column(column), self.spec.late_reason)
+        return int(pc.sum(pc.fill_null(hit, False)).as_py() or 0)
 
     def public_reason(self, reason: Column) -> Column:
         """``reason`` with :data:`EARLIER_BATCH` written as the spec's reason."""
@@ -299,6 +339,16 @@ class DedupLookup:
             return rows, 0
         fixed = pc.if_else(hit, pa.scalar(self.spec.reason_text, col.type), col)
         return rows.set_column(rows.schema.get_field_index(column), column, fixed), n
+
+
+def rejected_counts(lookup: DedupLookup | None, by_reason: Mapping[str | None, int]
+                    ) -> dict[str, int]:
+    """A batch's dedup counts from its rejected rows counted by reason (no late count
+    without a dedup)."""
+    out = {CROSS_BATCH_DUPLICATES: int(by_reason.get(EARLIER_BATCH, 0))}
+    if lookup is not None:
+        out[LATE_EVENTS] = int(by_reason.get(lookup.spec.late_reason, 0))
+    return out
 
 
 def settled_version(spark: SparkSession | None, path: str, version: int) -> int:
@@ -321,6 +371,11 @@ def _changes_data(action: Mapping[str, Any]) -> bool:
         return True
     change = action.get("add") or action.get("remove")
     return change is not None and bool(change.get("dataChange", True))
+
+
+def _micros(t: datetime) -> int:
+    """Microseconds since the epoch of an aware datetime (exact)."""
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
 def _stat_max(stats: Mapping[str, Any] | None, column: str) -> datetime | None:

@@ -44,7 +44,9 @@ from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
 from lakecast.pipeline.batch_result import BatchResult as BatchResult
 from lakecast.pipeline.contract import BatchRuntime, CollectableOutput
-from lakecast.pipeline.dedup import EARLIER_BATCH, DedupLookup, DedupSpec, Prior
+from lakecast.pipeline.dedup import CROSS_BATCH_DUPLICATES as CROSS_BATCH_DUPLICATES
+from lakecast.pipeline.dedup import LATE_EVENTS as LATE_EVENTS
+from lakecast.pipeline.dedup import DedupLookup, DedupSpec, Prior, rejected_counts
 from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
 from lakecast.pipeline.events import read_new_events, rejected_rows
 from lakecast.pipeline.faults import crash_point
@@ -57,8 +59,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 REASON_COLUMN = "_reason"
-#: counts key: valid events rejected as duplicates of events earlier batches accepted
-CROSS_BATCH_DUPLICATES = "cross_batch_duplicates"
 #: default :attr:`MicroBatchPipeline.collect_max_rows`
 COLLECT_MAX_ROWS = 200_000
 
@@ -243,7 +243,7 @@ class MicroBatchPipeline:
         # identical exchange), so caching it would only cost (~0.9 s of a ~2 s batch)
         keep = (lambda df: df) if collect else (
             lambda df: df.persist(StorageLevel.MEMORY_AND_DISK))
-        if self.validator is not None or (prior is not None and prior.found):
+        if self.validator is not None or (prior is not None and prior.marks):
             checked = keep(self._validate(events, prior))
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
             valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
@@ -254,14 +254,14 @@ class MicroBatchPipeline:
                              for r in checked.groupBy(REASON_COLUMN).count().collect()}
                 counts = {"events_in": sum(by_reason.values()),
                           "rejected": sum(n for k, n in by_reason.items() if k is not None),
-                          CROSS_BATCH_DUPLICATES: by_reason.get(EARLIER_BATCH, 0)}
+                          **rejected_counts(self.dedup, by_reason)}
         else:
             checked = keep(events)
             valid = checked
             counts = {"events_in": n_logged if collect and n_logged is not None
                       else checked.count()}
         if self.dedup is not None:
-            counts.setdefault(CROSS_BATCH_DUPLICATES, 0)
+            counts = {CROSS_BATCH_DUPLICATES: 0, LATE_EVENTS: 0, **counts}
         held = None
         if self.held is not None:  # the held set the last batch left, re-offered
             _, last = self.log.last_committed()
@@ -275,9 +275,8 @@ class MicroBatchPipeline:
                 state_check = self._collected(result, rejected, counts, plan, held)
             else:
                 if rejected is not None and "rejected" not in counts:  # not collectable
-                    counts["rejected"] = rejected.count()
-                    counts[CROSS_BATCH_DUPLICATES] = rejected.where(
-                        F.col(REASON_COLUMN) == EARLIER_BATCH).count()
+                    by = dict(rejected.groupBy(REASON_COLUMN).count().collect())
+                    counts.update(rejected=sum(by.values()), **rejected_counts(self.dedup, by))
                 state_check = self._distributed(result.persist(), rejected, counts, plan, held)
             metrics = result.metrics()
         finally:
@@ -326,7 +325,7 @@ class MicroBatchPipeline:
 
         checked = (self.validator(events) if self.validator is not None
                    else events.withColumn(REASON_COLUMN, F.lit(None).cast("string")))
-        if prior is None or not prior.found or self.dedup is None:
+        if prior is None or not prior.marks or self.dedup is None:
             return checked
         return self.dedup.mark(checked, prior, REASON_COLUMN)
 
@@ -375,6 +374,7 @@ class MicroBatchPipeline:
             counts["rejected"] = bad.num_rows
             if self.dedup is not None:
                 bad, counts[CROSS_BATCH_DUPLICATES] = self.dedup.finish_rejected(bad)
+                counts[LATE_EVENTS] = self.dedup.late_count(bad)
         settled = self._settle(out.sides.get(HELD_SIDE), held, plan)
         self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan,
                         settled)

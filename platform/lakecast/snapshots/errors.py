@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from lakecast.errors import LakecastError
@@ -44,6 +45,17 @@ class UnreadableCheckpointError(IncompleteCheckpointError):
     (e.g. a pickle written by an older Lakecast or forged): it is never loaded."""
 
 
+class RefusedCheckpointError(UnreadableCheckpointError):
+    """A checkpoint's header, manifest or a schema in them does not parse, or carries
+    fields Lakecast never writes (rewritten by someone): it is refused, never loaded."""
+
+    def __init__(self, checkpoint_id: int, part: str, reason: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.part = part  # "header" | "manifest" | "schema"
+        self.reason = reason
+        super().__init__(f"checkpoint {checkpoint_id} refused: its {part} {reason}")
+
+
 #: the messages of Spark/Delta errors that mean "a file of this table is damaged or gone"
 DAMAGED_READ_MARKERS = (
     "FAILED_READ_FILE", "ChecksumException", "FileNotFoundException", "CANNOT_READ_FILE_FOOTER",
@@ -61,11 +73,26 @@ def is_damaged_read(exc: BaseException) -> bool:
     return any(m in text for m in DAMAGED_READ_MARKERS)
 
 
-def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The informative line of a (long, multi-line) Spark error message."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    for marker in DAMAGED_READ_MARKERS:  # Spark's error condition first
-        for ln in lines:
-            if marker in ln and not ln.startswith("at "):
-                return ln[:limit]
-    return (lines[0] if lines else type(exc).__name__)[:limit]
+_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
+_DATA_FILE = re.compile(r"([^/\s'\"]+\.(?:parquet|json|crc|checkpoint))\b")
+_CAUSE = re.compile(r"^Caused by: (?:[\w$]+\.)*([\w$]+)(?::|$)")
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """One clean line for a (long, multi-line, Java-traced) Spark read error: the error
+    condition, the file and the root cause's class, e.g. ``FAILED_READ_FILE.NO_HINT
+    reading part-0001.snappy.parquet (ChecksumException)``; never a stack line."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("at ", "..."))]
+    cond = _CONDITION.search(text)
+    marker = cond.group(1) if cond else next((m for m in DAMAGED_READ_MARKERS if m in text),
+                                             None)
+    if marker is None:
+        head = lines[0] if lines else type(exc).__name__
+        return head.removeprefix("Caused by: ")[:limit]
+    found = _DATA_FILE.search(text)
+    causes = [m.group(1) for ln in lines if (m := _CAUSE.match(ln))]
+    cause = next((c for c in reversed(causes) if not c.endswith("SparkException")), None)
+    out = marker + (f" reading {found.group(1)}" if found else "")
+    return (out + (f" ({cause})" if cause and cause not in out else ""))[:limit]

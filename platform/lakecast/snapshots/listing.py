@@ -3,19 +3,20 @@ one summary per checkpoint with its completeness, and readable entries."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from lakecast.delta import io as delta_io
 from lakecast.snapshots.codec import readable_entries
 from lakecast.snapshots.errors import (
+    RefusedCheckpointError,
     SnapshotError,
     UnreadableCheckpointError,
     first_line,
     is_damaged_read,
 )
-from lakecast.snapshots.store import ENTRY, MANIFEST, CheckpointHeader, ManifestRow, SnapshotStore
+from lakecast.snapshots.records import CheckpointHeader, ManifestRow, parse_manifest_row
+from lakecast.snapshots.store import ENTRY, MANIFEST, SnapshotStore
 
 
 @dataclass
@@ -46,8 +47,12 @@ def _manifests_and_counts(store: SnapshotStore, checkpoint_id: int | None = None
         "checkpoint_id", "task", "state", "content_hash", "n_entries", "meta").collect()
     manifests: dict[int, list[ManifestRow]] = {}
     for r in man_rows:
-        manifests.setdefault(r[0], []).append(
-            ManifestRow(r[1], r[2], r[3], r[4], json.loads(r[5] or "{}")))
+        try:
+            row = parse_manifest_row(r[0], r[1], r[2], r[3], r[4], r[5])
+        except RefusedCheckpointError as e:
+            store.refused.setdefault(r[0], str(e))
+            continue
+        manifests.setdefault(r[0], []).append(row)
     cnt_rows = (df.where(f"kind = '{ENTRY}'").groupBy("checkpoint_id", "state", "content_hash")
                 .agg(F.count("*"), F.sum(F.length("key") + F.length("value"))).collect())
     counts: dict[int, dict[tuple[str, str], tuple[int, int]]] = {}
@@ -86,6 +91,7 @@ def summaries(store: SnapshotStore) -> list[CheckpointSummary]:
         man = manifests.get(cid, [])
         cnt = counts.get(cid, {})
         problem = (f"files cannot be read ({broken[cid]})" if cid in broken
+                   else store.refused[cid] if cid in store.refused
                    else store.check_structure(h, man, cnt))
         dv = versions.get(cid)
         stored = None

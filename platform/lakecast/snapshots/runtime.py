@@ -222,13 +222,14 @@ class SnapshottingRuntime(BroadcastRuntime):
         self._restore_report = {
             "restored_from_checkpoint": restored.header.checkpoint_id if restored else -1,
             "skipped_checkpoints": len(self.restore_skipped),
+            "refused_checkpoints": len(self.store.refusals) if self.store.exists() else 0,
             "skipped_checkpoint_reasons": "; ".join(self.restore_skipped) or "none"}
         self.restore_checkpoint_id = None  # the pin applies to one cold start
         if restored is None:
-            if self.restore_skipped:
-                log.warning("no checkpoint of %s reads and verifies (%s); rebuilding the "
-                            "broadcast state from the tables", self.store.pipeline,
-                            "; ".join(self.restore_skipped))
+            if self.restore_skipped:  # each skip was logged on its own line
+                log.warning("no checkpoint of %s reads and verifies (%d skipped); rebuilding "
+                            "the broadcast state from the tables", self.store.pipeline,
+                            len(self.restore_skipped))
             return super()._base_elements(until)
         self._restoring = True
         h = restored.header

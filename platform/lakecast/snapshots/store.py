@@ -38,7 +38,6 @@ import pyarrow.compute as pc
 from lakecast.delta import io as delta_io
 from lakecast.snapshots.codec import (
     FORMAT,
-    LEGACY_FORMAT,
     content_digest,
     decode_content,
     schema_from_b64,
@@ -46,11 +45,13 @@ from lakecast.snapshots.codec import (
 )
 from lakecast.snapshots.errors import (
     IncompleteCheckpointError,
+    RefusedCheckpointError,
     SnapshotError,
     UnreadableCheckpointError,
     first_line,
     is_damaged_read,
 )
+from lakecast.snapshots.records import CheckpointHeader, ManifestRow, parse_manifest_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -68,47 +69,6 @@ HEADER, MANIFEST, ENTRY = "checkpoint", "manifest", "entry"
 
 
 # ============================================================================ the store
-@dataclass(frozen=True)
-class CheckpointHeader:
-    """What a checkpoint belongs to."""
-
-    checkpoint_id: int
-    pipeline: str
-    batch_id: int
-    events_start: int
-    events_end: int
-    state_version: dict[str, int]
-    parallelism: int
-    states: dict[str, dict[str, Any]]  # name -> {"kind", "key_columns"}
-    table_schemas: dict[str, str]  # table -> schema (base64 IPC)
-    function: str
-    created_at_ms: int
-    format: str = LEGACY_FORMAT  # headers without one were written with pickled values
-
-    def meta(self) -> str:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("checkpoint_id",
-                                                                  "created_at_ms")}
-        return json.dumps(d, sort_keys=True)
-
-    @classmethod
-    def from_row(cls, checkpoint_id: int, meta: str, created_at_ms: int) -> CheckpointHeader:
-        return cls(checkpoint_id=checkpoint_id, created_at_ms=created_at_ms, **json.loads(meta))
-
-
-@dataclass(frozen=True)
-class ManifestRow:
-    task: int
-    state: str
-    content_hash: str
-    n_entries: int
-    meta: dict[str, Any]
-
-    @property
-    def stored_rows(self) -> int:
-        """Entry rows of its content (chunks of a table state, entries of a dict state)."""
-        return int(self.meta.get("rows", self.n_entries))
-
-
 @dataclass
 class RestoredCheckpoint:
     """A validated checkpoint ready to load: per-state content and the task assignment."""
@@ -137,8 +97,12 @@ class SnapshotStore:
         self.pipeline = pipeline
         #: checkpoint id -> why its files could not be read (found by :meth:`index`)
         self.unreadable: dict[int, str] = {}
+        #: checkpoint id -> why its header was refused (found by :meth:`index`)
+        self.refused: dict[int, str] = {}
         #: what the last :meth:`resolve` skipped, and why
         self.skipped: list[str] = []
+        #: the checkpoints the last :meth:`resolve` refused (forged or unparseable parts)
+        self.refusals: list[int] = []
         #: the file list of the newest version read directly (one log replay serves the
         #: index and the rows of a restore)
         self._files: delta_io.TableFiles | None = None
@@ -177,6 +141,7 @@ class SnapshotStore:
     def index(self) -> tuple[list[int], list[CheckpointHeader]]:
         """(every checkpoint id with rows, the headers), in one Spark job."""
         self.unreadable = {}
+        self.refused = {}
         if not self.exists():
             return [], []
         try:
@@ -186,8 +151,8 @@ class SnapshotStore:
                 raise
             # damaged files somewhere: read checkpoint by checkpoint (partition pruning)
             # and set the unreadable ones aside (ids from the log: no file is read)
-            log.warning("snapshot table %s has unreadable files (%s); reading its "
-                        "checkpoints one by one", self.path, first_line(e))
+            log.debug("snapshot table %s has unreadable files (%s); reading its "
+                      "checkpoints one by one", self.path, first_line(e))
             rows = []
             for cid in sorted(self.delta_versions()):
                 try:
@@ -197,9 +162,15 @@ class SnapshotStore:
                         raise
                     self.unreadable[cid] = first_line(e2)
         ids = sorted({r[0] for r in rows} | set(self.unreadable))
-        headers = sorted((CheckpointHeader.from_row(r[0], r[1], r[2]) for r in rows
-                          if r[1] is not None), key=lambda h: h.checkpoint_id)
-        return ids, headers
+        headers = []
+        for r in rows:
+            if r[1] is None:
+                continue
+            try:
+                headers.append(CheckpointHeader.from_row(r[0], r[1], r[2]))
+            except RefusedCheckpointError as e:
+                self.refused[r[0]] = str(e)
+        return ids, sorted(headers, key=lambda h: h.checkpoint_id)
 
     def _direct(self, columns: Sequence[str] | None = None,
                 checkpoint_id: int | None = None) -> pa.Table | None:
@@ -276,10 +247,13 @@ class SnapshotStore:
                             f"{known or 'none'})")
 
     def manifest(self, checkpoint_id: int) -> list[ManifestRow]:
-        rows = (self._df().where(f"checkpoint_id = {int(checkpoint_id)} AND kind = '{MANIFEST}'")
+        """The manifest rows of a checkpoint (:class:`RefusedCheckpointError` when one
+        does not parse)."""
+        cid = int(checkpoint_id)
+        rows = (self._df().where(f"checkpoint_id = {cid} AND kind = '{MANIFEST}'")
                 .select("task", "state", "content_hash", "n_entries", "meta").collect())
-        return sorted((ManifestRow(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}"))
-                       for r in rows), key=lambda m: (m.task, m.state))
+        return sorted((parse_manifest_row(cid, *r) for r in rows),
+                      key=lambda m: (m.task, m.state))
 
     def entry_counts(self, checkpoint_id: int) -> dict[tuple[str, str], tuple[int, int]]:
         """(state, content hash) -> (stored rows, stored key+value bytes)."""
@@ -357,8 +331,8 @@ class SnapshotStore:
         rows = self.read_checkpoint(cid)  # one read: manifest and content
         kind_col = rows.column("kind")
         man = rows.filter(pc.equal(kind_col, MANIFEST))
-        manifest = [ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
-                                json.loads(r["meta"] or "{}")) for r in man.to_pylist()]
+        manifest = [parse_manifest_row(cid, r["task"], r["state"], r["content_hash"],
+                                       r["n_entries"], r["meta"]) for r in man.to_pylist()]
         table = rows.filter(pc.equal(kind_col, ENTRY))
         counts: dict[tuple[str, str], tuple[int, int]] = {}
         if table.num_rows:
@@ -428,6 +402,7 @@ class SnapshotStore:
         ones are skipped for the previous complete one, each with a logged reason
         (returned in :attr:`RestoredCheckpoint.skipped`). ``None`` when none qualifies."""
         skipped: list[str] = []
+        self.refusals = []
         ids, headers = self.index()
         ids_with_rows = set(ids)
         known = {h.checkpoint_id for h in headers}
@@ -440,9 +415,13 @@ class SnapshotStore:
             if eligible is not None and not eligible(cid):
                 continue
             if h is None:
-                why = (f"its files cannot be read ({self.unreadable[cid]})"
-                       if cid in self.unreadable else "no header row (incomplete write)")
-                msg = f"checkpoint {cid} skipped: {why}"
+                if cid in self.refused:
+                    self.refusals.append(cid)
+                    msg = f"{self.refused[cid]}; skipped for the previous complete checkpoint"
+                else:
+                    why = (f"its files cannot be read ({self.unreadable[cid]})"
+                           if cid in self.unreadable else "no header row (incomplete write)")
+                    msg = f"checkpoint {cid} skipped: {why}"
                 skipped.append(msg)
                 log.warning(msg)
                 continue
@@ -460,6 +439,8 @@ class SnapshotStore:
             try:
                 restored = self._load(h, parallelism)
             except IncompleteCheckpointError as e:
+                if isinstance(e, RefusedCheckpointError):
+                    self.refusals.append(cid)
                 msg = f"{e}; skipped for the previous complete checkpoint"
                 skipped.append(msg)
                 log.warning(msg)
