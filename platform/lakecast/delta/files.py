@@ -1,5 +1,6 @@
-"""The active files of a Delta table version, from ``deltalake`` (delta-rs), read with
-pyarrow as Spark would read them (:class:`TableFiles`), without a Spark job.
+"""Where a Delta table is for ``deltalake`` (:func:`location`, :func:`delta_table`) and the
+active files of a version, read with pyarrow as Spark would read them
+(:class:`TableFiles`), without a Spark job.
 
 ``deltalake`` loads the version's snapshot (``get_add_actions``: paths, partition values,
 statistics; schema, protocol, table properties); the rows are read here from the local
@@ -17,12 +18,14 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
+from lakecast.delta import objstore
 from lakecast.errors import LakecastError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,44 @@ class DeltaIOError(LakecastError):
 
 class DirectReadUnsupported(DeltaIOError):
     """A table version cannot be read safely without Spark (the message says why)."""
+
+
+def location(path: str) -> tuple[str, dict[str, str] | None]:
+    """``(uri, storage_options)`` for ``deltalake``: a local path as is (``file://``
+    stripped), ``s3a://`` as ``s3://``, object stores with :mod:`objstore`'s options."""
+    if path.startswith("file:"):
+        return re.sub(r"^file:(//)?", "", path), None
+    scheme = urlparse(path).scheme
+    if scheme in objstore.SCHEMES:
+        return "s3://" + path.split("://", 1)[1], objstore.storage_options()
+    return path, None
+
+
+def is_local(path: str) -> bool:
+    """Whether ``path`` is on the local filesystem (not an object store)."""
+    return "://" not in path or path.startswith("file:")
+
+
+def read_error(path: str, e: BaseException) -> LakecastError:
+    """The error of a failed read of ``path``'s log (object stores: URI and settings)."""
+    if not is_local(path):
+        return objstore.read_error(path, e)  # names the URI and the settings to fix
+    return DeltaIOError(f"cannot read the Delta log of {path}: {e}")
+
+
+def delta_table(path: str, version: int | None = None) -> DeltaTable:
+    """A ``DeltaTable`` of ``path`` (at ``version``; default: the newest) of its own,
+    for reads that load a snapshot; :class:`DeltaIOError` if there is no such table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    uri, options = location(path)
+    try:
+        return DeltaTable(uri, version=version, storage_options=options)
+    except TableNotFoundError as e:
+        raise DeltaIOError(f"{path} is not a Delta table") from e
+    except (DeltaError, OSError) as e:
+        raise read_error(path, e) from e
 
 
 def unsupported(reason: str, once: str | None = None) -> DirectReadUnsupported:
@@ -204,8 +245,6 @@ def snapshot(path: str, version: int) -> Snapshot:
     import pyarrow as pa
     from deltalake.exceptions import DeltaError
 
-    from lakecast.delta.log import delta_table
-
     try:
         dt = delta_table(path, version)
     except DirectReadUnsupported:
@@ -242,9 +281,7 @@ def table_files(path: str, version: int, *, large_types: bool = False,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lakecast.delta.log import _is_local, location
-
-    if not _is_local(path):
+    if not is_local(path):
         raise unsupported(f"{path}: rows are read from local files only", once="object store")
     snap = snapshot(path, version)
     if snap.min_reader_version > 3 or snap.reader_features - _DIRECT_READER_FEATURES:

@@ -19,13 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from lakecast.delta import objstore
 from lakecast.delta.files import (
@@ -34,12 +32,15 @@ from lakecast.delta.files import (
     TableFiles,
     arrow_schema,
     conform,
+    delta_table,
     file_sizes,
+    is_local,
+    location,
+    read_error,
     row_count,
     table_files,
     verify_checksum,
 )
-from lakecast.errors import LakecastError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -56,21 +57,6 @@ log = logging.getLogger(__name__)
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 #: commit-info entries cached per table handle (commits never change once written)
 _INFO_CACHE = 4096
-
-
-def location(path: str) -> tuple[str, dict[str, str] | None]:
-    """``(uri, storage_options)`` for ``deltalake``: a local path as is (``file://``
-    stripped), ``s3a://`` as ``s3://``, object stores with :mod:`objstore`'s options."""
-    if path.startswith("file:"):
-        return re.sub(r"^file:(//)?", "", path), None
-    scheme = urlparse(path).scheme
-    if scheme in objstore.SCHEMES:
-        return "s3://" + path.split("://", 1)[1], objstore.storage_options()
-    return path, None
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file:")
 
 
 @dataclass
@@ -92,7 +78,7 @@ _PID = [os.getpid()]
 def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
     """Identity of a local table's newest commit file: a table deleted or written anew
     at the same path changes it (one ``stat``; object stores: ``None``)."""
-    if not _is_local(path):
+    if not is_local(path):
         return None
     try:
         st = (Path(location(path)[0]) / "_delta_log" / f"{version:020d}.json").stat()
@@ -108,12 +94,6 @@ def _next_commit(path: str, version: int) -> bool:
     (object stores list from the version on), so a poll first checks the one file that
     a new commit would create."""
     return (Path(location(path)[0]) / "_delta_log" / f"{version + 1:020d}.json").exists()
-
-
-def _error(path: str, e: BaseException) -> LakecastError:
-    if not _is_local(path):
-        return objstore._error(path, e)  # names the URI and the settings to fix
-    return DeltaIOError(f"cannot read the Delta log of {path}: {e}")
 
 
 def _handle(path: str) -> tuple[_Handle, int] | None:
@@ -149,27 +129,12 @@ def _handle(path: str) -> tuple[_Handle, int] | None:
             _HANDLES.pop(path, None)
         return None
     except (DeltaError, OSError) as e:
-        raise _error(path, e) from e
+        raise read_error(path, e) from e
     version = dt.version()
     h = _Handle(dt, _commit_stamp(path, version))
     with _HANDLES_LOCK:
         _HANDLES[path] = h
     return h, version
-
-
-def delta_table(path: str, version: int | None = None) -> DeltaTable:
-    """A ``DeltaTable`` of ``path`` (at ``version``; default: the newest) of its own,
-    for reads that load a snapshot; :class:`DeltaIOError` if there is no such table."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError, TableNotFoundError
-
-    uri, options = location(path)
-    try:
-        return DeltaTable(uri, version=version, storage_options=options)
-    except TableNotFoundError as e:
-        raise DeltaIOError(f"{path} is not a Delta table") from e
-    except (DeltaError, OSError) as e:
-        raise _error(path, e) from e
 
 
 def forget(path: str | None = None) -> None:
@@ -235,7 +200,7 @@ def commit_infos(path: str, start: int, end: int) -> dict[int, CommitInfo]:
         try:
             entries = h.table.history(n)
         except (DeltaError, OSError) as e:
-            raise _error(path, e) from e
+            raise read_error(path, e) from e
         if len(entries) < n:
             raise DeltaIOError(f"{path}: the log no longer holds versions {start}..{end}")
         # newest first, ending at ``start``: the k-th from the end is ``start + k`` (this
@@ -269,7 +234,7 @@ def commit_actions(path: str, version: int, spark: SparkSession | None = None
     ``deltalake`` exposes no single commit's actions, so this reads the one commit file
     it names (no listing, no replay: its cost does not depend on the log's length)."""
     try:
-        if _is_local(path):
+        if is_local(path):
             text = (Path(location(path)[0]) / "_delta_log" / f"{version:020d}.json"
                     ).read_text()
         else:

@@ -112,7 +112,8 @@ def _spark_conf(settings: Settings) -> dict[str, str]:
     return {**conf, **settings.spark_conf}
 
 
-def _error(uri: str, e: BaseException) -> ObjectStoreError:
+def read_error(uri: str, e: BaseException) -> ObjectStoreError:
+    """The error of a failed object-store read: the URI and the settings to fix."""
     text = re.sub(r"\x1b\[[0-9;]*m|↳", " ", str(e))
     detail = re.sub(r"\s+", " ", text).strip()[:400] or type(e).__name__
     return ObjectStoreError(f"cannot read {uri}: {detail}; check that the endpoint answers "
@@ -130,7 +131,7 @@ def latest_version(uri: str, settings: Settings | None = None) -> int | None:
     except TableNotFoundError:
         return None
     except OSError as e:
-        raise _error(uri, e) from e
+        raise read_error(uri, e) from e
 
 
 def read_table(uri: str, version: int, columns: list[str] | None = None,
@@ -142,7 +143,7 @@ def read_table(uri: str, version: int, columns: list[str] | None = None,
         dt = DeltaTable(uri, version=version, storage_options=storage_options(settings))
         return dt.to_pyarrow_table(columns=columns)
     except OSError as e:
-        raise _error(uri, e) from e
+        raise read_error(uri, e) from e
 
 
 def log_names(uri: str, settings: Settings | None = None) -> list[str]:
@@ -153,7 +154,7 @@ def log_names(uri: str, settings: Settings | None = None) -> list[str]:
     try:
         infos = fs.get_file_info(pafs.FileSelector(f"{key}/_delta_log", allow_not_found=True))
     except OSError as e:
-        raise _error(uri, e) from e
+        raise read_error(uri, e) from e
     return [i.base_name for i in infos if i.type == pafs.FileType.File]
 
 
@@ -169,7 +170,7 @@ def table_names(root_uri: str, settings: Settings | None = None) -> list[str]:
                                    f"{key.split('/', 1)[0]!r} does not exist ({_FIX})")
         infos = fs.get_file_info(pafs.FileSelector(key, allow_not_found=True))
     except OSError as e:
-        raise _error(root_uri, e) from e
+        raise read_error(root_uri, e) from e
     dirs = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
     return [d for d in dirs if log_names(f"{root_uri.rstrip('/')}/{d}", settings)]
 
@@ -185,7 +186,7 @@ def read_log_file(uri: str, name: str, settings: Settings | None = None) -> str:
     except OSError as e:
         if "does not exist" in str(e) or "NoSuchKey" in str(e):
             raise FileNotFoundError(f"{uri}/_delta_log/{name}") from e
-        raise _error(uri, e) from e
+        raise read_error(uri, e) from e
 
 
 def _filesystem(uri: str, settings: Settings | None) -> tuple[pafs.FileSystem, str]:
