@@ -24,7 +24,13 @@ cannot be read without Spark (an object store) it uses the run's Spark session.
 import time
 from typing import Any
 
-from dagster import AssetCheckResult, AssetChecksDefinition, MetadataValue, asset_check
+from dagster import (
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    MetadataValue,
+    asset_check,
+)
 
 from dagster_lakecast.declaration import PipelineDeclaration
 from dagster_lakecast.metadata import lag
@@ -173,8 +179,9 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
         asset=decl.asset_key(decl.output_table),
         name="broadcast_versions_accepted",
         description="The newest version of every broadcast table passes the "
-        "function's table contracts (blocking: assets downstream of the output wait for it "
-        "and are not materialized when it fails).",
+        "function's table contracts. Blocking: a refused version of a contract whose policy "
+        "is 'fail' is an ERROR, and assets downstream of the output are not materialized; "
+        "a refused version the pipeline continues past (refuse_and_continue) is a WARN.",
         blocking=True,
     )
     def check_versions(pyspark: LakecastSparkResource, lake: LakeResource) -> AssetCheckResult:
@@ -183,8 +190,11 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
             newest, refused = newest_versions_refused(decl, settings)
         except delta_io.DirectReadUnsupported:  # e.g. an object-store lake: read with Spark
             newest, refused = newest_versions_refused(decl, settings, pyspark.spark_session)
+        policies = {c.table: c.on_invalid for c in decl.function().table_contracts()}
+        fatal = any(policies.get(r["table"]) == "fail" for r in refused)
         return AssetCheckResult(
             passed=not refused,
+            severity=AssetCheckSeverity.ERROR if fatal else AssetCheckSeverity.WARN,
             metadata={
                 "newest_versions": MetadataValue.json(newest),
                 "refused_versions": MetadataValue.json(refused),

@@ -1,5 +1,6 @@
 """The worker-cache id of a function: stable across processes, never shared by another
-lake, other code, or a table deleted and created again (no Spark: Delta logs by hand)."""
+lake, other code, or a table deleted and created again (no Spark: Delta logs written by
+hand)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,19 @@ class _B(BroadcastProcessFunction):
 
 
 def _create(path, ts: int) -> None:
+    """A valid empty Delta table whose first commit says it was made at ``ts`` (ms)."""
     log = path / "_delta_log"
     log.mkdir(parents=True)
-    (log / f"{0:020d}.json").write_text(json.dumps({"commitInfo": {"timestamp": ts}}) + "\n")
+    schema = {"type": "struct", "fields": [
+        {"name": "k", "type": "long", "nullable": True, "metadata": {}}]}
+    actions = [
+        {"commitInfo": {"timestamp": ts, "operation": "CREATE TABLE"}},
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": {"id": f"table-{ts}", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": json.dumps(schema), "partitionColumns": [],
+                      "configuration": {}, "createdTime": ts}},
+    ]
+    (log / f"{0:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
 
 
 def test_identity_is_stable_and_names_code_tables_and_their_incarnation(tmp_path):
