@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -52,6 +48,7 @@ from lakecast.tools import cli
 from tests.assets import reference
 from tests.assets.conftest import DIMS, SEGMENTS, run_assets
 from tests.jobs.test_snapshot_pipeline import OUTPUTS, _assert_same, _inputs, _outputs
+from tests.moto_s3 import free_port, moto_server
 
 pytestmark = pytest.mark.objstore
 
@@ -59,35 +56,12 @@ BUCKET = "lakecast-test"
 SEGMENT_COLUMNS = ["user_id", "segment", "lifetime_value", "interests", "updated_day"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1, in a process of its own (delta-rs calls hold the
-    GIL while they wait for the server: a server thread in this process would deadlock),
-    with one bucket."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        req = urllib.request.Request(f"{url}/{BUCKET}", method="PUT")
-        urllib.request.urlopen(req, timeout=5).close()
+    """moto's S3 server on 127.0.0.1 with one bucket (:func:`tests.moto_s3.moto_server`)."""
+    with moto_server(BUCKET) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _s3_conf(endpoint: str, secret: str = "test-secret") -> str:
@@ -210,7 +184,7 @@ def test_object_store_lake_matches_the_local_lake(spark, s3_lake, tmp_path, caps
 def test_bad_object_store_settings_name_the_uri_and_the_setting(s3_endpoint, monkeypatch):
     """No server at the endpoint, or a missing bucket: an error naming the URI and the
     settings to fix, not a raw traceback (the CLI prints it and fails)."""
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     for endpoint, root in ((dead, f"s3a://{BUCKET}/lake"),
                            (s3_endpoint, "s3a://no-such-bucket/lake")):
         monkeypatch.setenv("LAKECAST_LAKE_ROOT", root)
@@ -308,7 +282,7 @@ def test_two_writers_of_one_version_both_keep_their_rows_without_unsafe_rename(s
 
     monkeypatch.delenv("AWS_S3_ALLOW_UNSAFE_RENAME", raising=False)
     monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint))
-    uri = f"s3://{BUCKET}/two-writers-{_free_port()}"
+    uri = f"s3://{BUCKET}/two-writers-{free_port()}"
     opts = objstore.storage_options(get_settings(), {})
     assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in opts
     rows = pa.table({"x": [1, 2]})
@@ -334,7 +308,7 @@ def test_a_second_client_of_the_server_cannot_read_the_s3_secret_key(s3_endpoint
     monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint, secret))
     for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(k, raising=False)
-    server = Server(get_settings(), "127.0.0.1", _free_port())
+    server = Server(get_settings(), "127.0.0.1", free_port())
     try:
         server.start()
         monkeypatch.setenv("LAKECAST_SPARK_REMOTE", server.url)

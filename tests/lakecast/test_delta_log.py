@@ -4,11 +4,6 @@ versions, change data and a version's files, on local and ``s3a://`` tables."""
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +19,7 @@ from deltalake import (
 
 from lakecast.delta import io as delta_io
 from lakecast.delta import log
+from tests.moto_s3 import moto_server
 
 NO_CHECKPOINT = PostCommitHookProperties(create_checkpoint=False)
 
@@ -157,33 +153,12 @@ def test_table_files_come_from_deltalakes_snapshot(tmp_path):
         Path(f).stat().st_size for f in files.files)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1 in a process of its own, with a bucket ``lake``."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        urllib.request.urlopen(urllib.request.Request(f"{url}/lake", method="PUT"),
-                               timeout=5).close()
+    """moto's S3 server on 127.0.0.1 with a bucket ``lake``."""
+    with moto_server("lake") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_s3a_tables_are_read_with_deltalake_without_spark(s3_endpoint, monkeypatch):
