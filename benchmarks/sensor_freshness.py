@@ -5,8 +5,8 @@
 1. builds a demo lake (scale ``--scale``) through the batch assets, over a Lakecast
    Spark server (``lakecast.server``; started if none runs);
 2. runs one catch-up micro-batch, then starts ``dagster dev`` (webserver + daemon, the
-   ``broadcast_versions_sensor`` every ``LAKECAST_SENSOR_INTERVAL_SECONDS`` = 15 s), each run
-   a process of its own attached to the server;
+   ``broadcast_versions_sensor`` every ``LAKECAST_SENSOR_INTERVAL_SECONDS``, 5 s by
+   default), each run a process of its own attached to the server;
 3. appends ``--commits`` events commits of ~``--events`` events, ``--every`` seconds apart,
    then one broadcast-only change (a feature flag; the sensor starts no run for it) and
    launches one run by hand (``dagster job execute``): a run that finds no new events;
@@ -41,16 +41,20 @@ from lakecast.config import get_settings
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench_env(root: Path, url: str, interval: int) -> dict[str, str]:
-    """The environment of a benchmark lake under ``root`` on the server at ``url``."""
-    return {
+def bench_env(root: Path, url: str, interval: int | None) -> dict[str, str]:
+    """The environment of a benchmark lake under ``root`` on the server at ``url``
+    (``interval``: the sensor interval; ``None``: the project's default, as ``make ui``)."""
+    env = {
         **os.environ,
         "LAKECAST_LAKE_ROOT": str(root / "lake"),
         "LAKECAST_CHECKPOINT_ROOT": str(root / "checkpoints"),
         "DAGSTER_HOME": str(root / "dagster_home"),
         "LAKECAST_SPARK_REMOTE": url,
-        "LAKECAST_SENSOR_INTERVAL_SECONDS": str(interval),
     }
+    env.pop("LAKECAST_SENSOR_INTERVAL_SECONDS", None)
+    if interval is not None:
+        env["LAKECAST_SENSOR_INTERVAL_SECONDS"] = str(interval)
+    return env
 
 
 def build_lake(scale: float) -> None:
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=30.0)
     parser.add_argument("--events", type=int, default=1300)
     parser.add_argument("--scale", type=float, default=0.5)
-    parser.add_argument("--interval", type=int, default=15, help="sensor interval (s)")
+    parser.add_argument("--interval", type=int, default=None,
+                        help="sensor interval (s); default: the project's")
     parser.add_argument("--port", type=int, default=3333, help="dagster webserver port")
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "freshness"))
     args = parser.parse_args(argv)
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     latencies: list[float] = []
     try:
-        time.sleep(max(20.0, args.interval + 5))  # the daemon's first sensor tick
+        time.sleep(max(20.0, (args.interval or settings.sensor_interval_seconds) + 5))
         spark = get_spark(settings=settings)
         events_path = settings.table_path(EVENTS)
         for i in range(args.commits):
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         # a broadcast-only change: the sensor starts no run for it (no new events, no
         # work); a run launched anyway finds nothing new, which is the no-op run measured
         flags.set_flag(spark, settings.table_path("feature_flags"), "vip_discount", "12")
-        time.sleep(args.interval + 5)
+        time.sleep((args.interval or settings.sensor_interval_seconds) + 5)
         subprocess.run([str(Path(sys.executable).parent / "dagster"), "job", "execute",
                         "-m", "jobs.definitions", "-j", "enrichment_microbatch"],
                        cwd=PROJECT_ROOT, env=env, check=True,
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     for r, g in zip(runs, gaps, strict=True):
         r["gap_since_previous_s"] = g
     result = {
-        "commits": args.commits, "every_s": args.every, "sensor_interval_s": args.interval,
+        "commits": args.commits, "every_s": args.every,
+        "sensor_interval_s": settings.sensor_interval_seconds,
         "latencies_s": [round(x, 2) for x in latencies],
         "p50_s": round(statistics.median(latencies), 2) if latencies else None,
         "max_s": round(max(latencies), 2) if latencies else None,

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from lakecast.pipeline.contract import TASK_SIDE
 from lakecast.runtime.executor import OUTPUT_COLUMN, SIDE_PREFIX, VERSION_COLUMN
+from lakecast.runtime.metrics import unpack_task_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -63,9 +64,9 @@ def split_outputs(table: pa.Table, sides: Mapping[str, pa.Schema], lineage: bool
         out[name] = pa.table(cols) if cols else pa.table({})
     tasks = out.pop(TASK_SIDE, None)
     extra = out.pop(EXTRA, None)
-    task_rows = sorted(tasks.drop_columns([c for c in tasks.column_names
-                                           if c == VERSION_COLUMN]).to_pylist()
-                       if tasks is not None else [], key=lambda r: r["task"])
+    task_rows = sorted((unpack_task_row(r) for r in tasks.drop_columns(
+        [c for c in tasks.column_names if c == VERSION_COLUMN]).to_pylist())
+        if tasks is not None else [], key=lambda r: r["task"])
     return CollectedOutput(main, out, task_rows, extra)
 
 

@@ -17,7 +17,7 @@ from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import TASK_SIDE
 from lakecast.runtime.collected import EXTRA, CollectedOutput, split_outputs, with_extra
 from lakecast.runtime.executor import OUTPUT_COLUMN, SIDE_PREFIX, VERSION_COLUMN, OutputLayout
-from lakecast.runtime.metrics import RunMetrics, TaskMetrics, check_budget
+from lakecast.runtime.metrics import RunMetrics, TaskMetrics, check_budget, unpack_task_row
 from lakecast.spark import observed_metrics
 
 if TYPE_CHECKING:
@@ -107,8 +107,10 @@ class BroadcastResult:
 
         task = F.col(SIDE_PREFIX + TASK_SIDE)
         self._observation = Observation(f"lakecast-tasks-{uuid.uuid4().hex[:12]}")
-        self.frame = self.frame.observe(self._observation, F.collect_list(
-            F.when(F.col(OUTPUT_COLUMN) == F.lit(TASK_SIDE), task)).alias("tasks"))
+        # (collect_list skips nulls: the struct is null on every row but the accounting
+        # rows, so no per-row comparison of the tag is needed)
+        self.frame = self.frame.observe(self._observation,
+                                        F.collect_list(task).alias("tasks"))
         return self
 
     def unpersist(self) -> None:
@@ -141,7 +143,7 @@ class BroadcastResult:
                     "no action has consumed this observed result yet (or the Spark Connect "
                     "server did not report the write's metrics): run the action (e.g. write "
                     "result.main) before reading its metrics, or persist() instead")
-            rows = [r.asDict() for r in observed["tasks"]]
+            rows = [unpack_task_row(r.asDict()) for r in observed["tasks"]]
             self._task_rows = sorted(rows, key=lambda r: r["task"])
         if self._task_rows is None:
             if not self._persisted:
@@ -150,7 +152,8 @@ class BroadcastResult:
                     "computation: call persist() or observe() on the result before its "
                     "first action")
             names = self.layout.sides[TASK_SIDE].names
-            rows = [r.asDict() for r in self.side(TASK_SIDE).select(*names).collect()]
+            rows = [unpack_task_row(r.asDict())
+                    for r in self.side(TASK_SIDE).select(*names).collect()]
             self._task_rows = sorted(rows, key=lambda r: r["task"])
         return self._task_rows
 

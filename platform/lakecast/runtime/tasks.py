@@ -152,7 +152,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         executor=executor_id(),
     )
     accounting = Collector()
-    accounting.side[TASK_SIDE] = [pa.RecordBatch.from_pylist([metrics.to_row()],
+    accounting.side[TASK_SIDE] = [pa.RecordBatch.from_pylist([metrics.to_packed_row()],
                                                              schema=TASK_ROW_SCHEMA)]
     yield from plan.layout.encode(accounting, version)
 
