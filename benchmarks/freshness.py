@@ -153,8 +153,11 @@ def start_consumer(mode: str, root: Path, env: dict[str, str], port: int) -> sub
         cmd = [sys.executable, "-m", "jobs.ui", "-p", str(port)]
     elif mode == "continuous":
         config = root / "continuous.yaml"
-        config.write_text(json.dumps({"ops": {"enrichment_continuous_loop": {"config": {
-            "max_seconds": 3600, "poll_seconds": 0.25}}}}))
+        # the job's defaults (poll_seconds ...), only bounded in time; its console log at
+        # INFO for the "watching" line (the job's own config logs warnings only)
+        config.write_text(json.dumps({
+            "ops": {"enrichment_continuous_loop": {"config": {"max_seconds": 3600}}},
+            "loggers": {"console": {"config": {"log_level": "INFO"}}}}))
         cmd = [str(bin_dir / "dagster"), "job", "execute", "-m", "jobs.definitions",
                "-j", "enrichment_continuous", "--config", str(config)]
     else:

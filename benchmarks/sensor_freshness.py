@@ -5,7 +5,7 @@
 1. builds a demo lake (scale ``--scale``) through the batch assets, over a Lakecast
    Spark server (``lakecast.server``; started if none runs);
 2. runs one catch-up micro-batch, then starts ``dagster dev`` (webserver + daemon, the
-   ``broadcast_versions_sensor`` every ``LAKECAST_SENSOR_INTERVAL_SECONDS``, 5 s by
+   ``broadcast_versions_sensor`` every ``LAKECAST_SENSOR_INTERVAL_SECONDS``, 3 s by
    default), each run a process of its own attached to the server;
 3. appends ``--commits`` events commits of ~``--events`` events, ``--every`` seconds apart,
    then one broadcast-only change (a feature flag; the sensor starts no run for it) and

@@ -34,7 +34,7 @@ folder Lakecast is installed in. With neither, :func:`get_settings` raises a
   optionally ``COMMANDS``): ``LAKECAST_PIPELINES``, else ``[tool.lakecast] pipelines`` in
   the project's ``pyproject.toml`` (none)
 - how often a pipeline's sensor looks at the Delta logs:
-  ``LAKECAST_SENSOR_INTERVAL_SECONDS`` (``5``)
+  ``LAKECAST_SENSOR_INTERVAL_SECONDS`` (``3``)
 - checkpoint a broadcast pipeline's state every N committed batches, and keep N
   checkpoints, when its declaration does not say: ``LAKECAST_CHECKPOINT_EVERY`` (``10``),
   ``LAKECAST_KEEP_CHECKPOINTS`` (``10``)
@@ -124,9 +124,11 @@ SETTINGS: tuple[Setting, ...] = (
             "micro-batch when a run does not set it."),
     Setting("LAKECAST_PIPELINES", "[tool.lakecast] pipelines in the project's pyproject.toml",
             "The project's pipelines module for the lakecast command (PIPELINES, COMMANDS)."),
-    Setting("LAKECAST_SENSOR_INTERVAL_SECONDS", "5", "Seconds between two ticks of a "
-            "pipeline's sensor (Dagster's sensor daemon loops every 5 s: a smaller value "
-            "ticks no sooner). A tick reads Delta logs only (no Spark)."),
+    Setting("LAKECAST_SENSOR_INTERVAL_SECONDS", "3", "Least seconds between two ticks of a "
+            "pipeline's sensor. Dagster's sensor daemon evaluates sensors once per 5-second "
+            "loop, so any value up to 5 ticks once a loop (3 leaves room for the loop's "
+            "jitter: at 5, a tick 4.9 s after the last one waits for the next loop, 10 s); "
+            "a tick reads Delta logs only (no Spark)."),
     Setting("LAKECAST_CHECKPOINT_EVERY", "10", "Checkpoint a broadcast pipeline's state every "
             "N committed batches, when its declaration does not say."),
     Setting("LAKECAST_KEEP_CHECKPOINTS", "10", "Checkpoints kept, when a declaration does "
@@ -222,7 +224,7 @@ class Settings:
     #: the project's pipelines module for the ``lakecast`` command (None: none)
     pipelines_module: str | None = None
     #: seconds between two ticks of a pipeline's sensor
-    sensor_interval_seconds: int = 5
+    sensor_interval_seconds: int = 3
     #: checkpoint every N batches / keep N checkpoints (declarations that do not say)
     checkpoint_every: int = 10
     keep_checkpoints: int = 10
@@ -359,7 +361,7 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         if env.get("LAKECAST_HOLD_TIMEOUT") else DEFAULT_HOLD_TIMEOUT,
         parallelism=_parallelism(env.get("LAKECAST_PARALLELISM", "")),
         pipelines_module=str(pipelines) if pipelines else None,
-        sensor_interval_seconds=_int(env, "LAKECAST_SENSOR_INTERVAL_SECONDS", 5, 1) or 5,
+        sensor_interval_seconds=_int(env, "LAKECAST_SENSOR_INTERVAL_SECONDS", 3, 1) or 3,
         checkpoint_every=_int(env, "LAKECAST_CHECKPOINT_EVERY", 10, 1) or 10,
         keep_checkpoints=_int(env, "LAKECAST_KEEP_CHECKPOINTS", 10, 1) or 10,
         maintenance_cron=env.get("LAKECAST_MAINTENANCE_CRON") or "0 3 * * *",
