@@ -22,7 +22,7 @@
     rotates every batch.
 
 All data is generated with ``spark.range``; results go to
-``benchmarks/results/<name>.json`` (git-ignored) and a table is printed.
+``benchmarks/results/<name>.json`` and a table is printed.
 """
 
 from __future__ import annotations

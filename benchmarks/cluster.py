@@ -10,7 +10,7 @@ every process on 127.0.0.1). Each side first runs a warm-up batch (executors, Py
 workers and broadcast state start cold), then ``--batches`` batches of ``--events``
 events, each appended to the events table before it (untimed), at 2 tasks per batch.
 The figure is the median batch time; the target is cluster / local[2] <= 1.5.
-Results go to ``benchmarks/results/<name>.json`` (git-ignored).
+Results go to ``benchmarks/results/<name>.json``.
 """
 
 from __future__ import annotations

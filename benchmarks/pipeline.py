@@ -26,7 +26,7 @@ At the end the outputs of both over the benchmarked range are asserted equal (en
 event_id and the enrichment columns; unmatched: event_id; rejected: event_id and reason).
 Per size: median and p90 of the warm batches (the first batch of each size is dropped) and
 the ratio L/S against the issue's targets. JSON goes to ``benchmarks/results/<name>.json``
-(git-ignored) and a table is printed. Run it alone on the machine, through spark-lock.
+and a table is printed. Run it alone on the machine, through spark-lock.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ measure's value and side values are taken from that dict, a PASS/FAIL line is pr
 per measure, and the dict is written to ``benchmarks/results/<name>.json`` with a
 ``verdicts`` block (measure, value, target, verdict, side values, rule) and a ``run``
 block (machine cores, load average before start, git commit, date, command).
+
+A target changes only with a sentence saying why: the change and its reason go into the
+measure's (or the benchmark's) ``history``, which the docs' benchmarks page shows beside
+the target.
 """
 
 from __future__ import annotations
@@ -56,10 +60,15 @@ class Measure:
     value: Callable[[Result], float | None] | None = None
     #: the side values behind the value (e.g. both medians of a ratio)
     sides: Callable[[Result], Mapping[str, Any]] | None = None
+    #: why the target is what it is, one sentence per change, oldest first (e.g.
+    #: ``"2030-01-02: 0.5 -> 0.33, because ..."``); shown with the target in the docs
+    history: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
             raise ValueError(f"{self.name}: op {self.op!r} is not one of {sorted(_OPS)}")
+        if isinstance(self.history, str):
+            raise TypeError(f"{self.name}: history is a tuple of sentences, not a string")
 
     def extract(self, result: Result) -> tuple[float | None, dict[str, Any]]:
         """``(value, side values)`` of this measure in ``result`` (``None``: absent)."""
@@ -111,6 +120,9 @@ class Benchmark:
     #: why a run is not at the conditions the targets are set for (``None``: it is);
     #: such a run is reported, and never ``passed``
     conditions: Callable[[Result], str | None] | None = None
+    #: changes of the benchmark's setup that move its targets, one sentence each, oldest
+    #: first (a single measure's change goes into its :attr:`Measure.history`)
+    history: tuple[str, ...] = ()
 
     def start(self) -> Start:
         """Call before anything runs: the load average then, and the start time (kept

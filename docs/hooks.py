@@ -7,9 +7,11 @@ the code and the results at build time:
   ``--help``, from :func:`lakecast.tools.cli.build_parser`;
 - ``<!-- generated:settings -->``: every environment variable, from
   :data:`lakecast.config.SETTINGS`;
-- ``<!-- generated:benchmarks -->``: every benchmark module of ``benchmarks/`` (its
-  command, what it compares, its targets) with the newest results in
-  ``benchmarks/results/<name>.json``, or "not run yet".
+- ``<!-- generated:benchmarks -->``: every benchmark of ``benchmarks/targets.py`` (and any
+  other benchmark module): its command and what it compares (the module's docstring), its
+  declared targets and why they changed, and the verdicts, date, machine and commit of its
+  results file ``benchmarks/results/<name>.json``, or "not measured yet". The measured
+  figures on the site are these, never typed by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -36,8 +41,9 @@ from griffe_roles import plain_roles  # noqa: E402
 
 HELP_WIDTH = "88"
 #: benchmark modules that are parts of others, not benchmarks
-NOT_BENCHMARKS = {"__init__", "common", "soak_parts"}
-_ISSUE = re.compile(r"\s*\(issues? [0-9]+(?:'s)?\s*([^)]*)\)|,?\s*\bissues? [0-9]+(?:'s)?")
+NOT_BENCHMARKS = {"__init__", "common", "soak_parts", "registry", "targets"}
+_ITEM = r"(?:'s)?(?:,? items? [0-9]+(?:[-\u2013][0-9]+)?)?"
+_ISSUE = re.compile(rf"\s*\(issues? [0-9]+{_ITEM}\s*([^)]*)\)|,?\s*\bissues? [0-9]+{_ITEM}")
 
 
 # ---------------------------------------------------------------- the CLI
@@ -151,9 +157,16 @@ def settings_markdown() -> str:
 
 # ---------------------------------------------------------------- benchmarks
 
+#: how a comparison reads in a table
+_OPS = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
+#: a cell with nothing to show (an en dash), and the multiplication sign
+DASH, TIMES = "\u2013", "\u00d7"
+#: a unit as written after a number
+_UNITS = {"x": TIMES, "s": " s", "ms": " ms", "events/s": " events/s", "bool": ""}
+
 
 def without_issues(text: str) -> str:
-    """``text`` without references to issue numbers."""
+    """``text`` without references to issue numbers (nor their item numbers)."""
     def keep(m: re.Match[str]) -> str:
         rest = (m[1] or "").lstrip(":;, ")
         return f" ({rest})" if rest else ""
@@ -174,44 +187,13 @@ def _find(data: Any, keys: tuple[str, ...]) -> Any:
     return None
 
 
-def _benchmark_modules() -> list[tuple[str, ast.Module, str]]:
-    out = []
+def _benchmark_modules() -> dict[str, str]:
+    """Every benchmark module of ``benchmarks/``: its name and docstring."""
+    out = {}
     for path in sorted((ROOT / "benchmarks").glob("*.py")):
         if path.stem not in NOT_BENCHMARKS:
-            source = path.read_text()
-            out.append((path.stem, ast.parse(source), source))
+            out[path.stem] = ast.get_docstring(ast.parse(path.read_text())) or ""
     return out
-
-
-def _targets(tree: ast.Module, source: str) -> list[str]:
-    found = []
-    for node in tree.body:
-        target = (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1
-                  else node.target if isinstance(node, ast.AnnAssign) else None)
-        if isinstance(target, ast.Name) and target.id.startswith("TARGET"):
-            found.append(ast.get_source_segment(source, node) or target.id)
-    return found
-
-
-def _result_lines(data: Any) -> list[str]:
-    date = _find(data, ("date", "timestamp", "measured_at", "finished_at", "started_at",
-                        "when", "time"))
-    machine = _find(data, ("machine", "host", "hostname", "platform", "cpu"))
-    commit = _find(data, ("commit", "git_commit", "git_sha", "sha", "revision"))
-    if isinstance(machine, dict):
-        machine = ", ".join(f"{k} {v}" for k, v in machine.items())
-    lines = [f"Latest results: date {md_text(str(date or 'not recorded'))}, machine "
-             f"{md_text(str(machine or 'not recorded'))}, commit "
-             f"{md_text(str(commit or 'not recorded'))}.", ""]
-    if isinstance(data, dict) and data.get("targets") is not None:
-        lines += ["Targets recorded with the results:", "", "```json",
-                  json.dumps(data["targets"], indent=2, default=str), "```", ""]
-    shown = json.dumps(data, indent=2, default=str).splitlines()
-    if len(shown) > 120:
-        shown = [*shown[:120], f"... ({len(shown) - 120} more lines in the file)"]
-    lines += ['??? note "The results file"', "", "    ```json",
-              *(f"    {line}" for line in shown), "    ```", ""]
-    return lines
 
 
 def split_usage(name: str, doc: str) -> tuple[str, str]:
@@ -237,33 +219,248 @@ def split_usage(name: str, doc: str) -> tuple[str, str]:
     return "\n".join(usage) or f"python -m benchmarks.{name}", "\n".join(escaped).strip()
 
 
-def benchmarks_markdown() -> str:
-    """Per benchmark: command, what it compares, targets, latest results."""
-    results = ROOT / "benchmarks" / "results"
-    lines: list[str] = []
-    names = set()
-    for name, tree, source in _benchmark_modules():
-        names.add(name)
-        doc = without_issues(plain_roles(ast.get_docstring(tree) or "")).strip()
-        doc = re.sub(r"``(.+?)``", r"`\1`", doc)
-        title, _, body = doc.partition("\n")
-        usage, body = split_usage(name, body)
-        lines += [f"## `{name}`", "", title.strip(), "", "```bash", usage, "```", "",
-                  body, ""]
-        targets = _targets(tree, source)
-        if targets:
-            lines += ["Targets in the code:", "", "```python", *targets, "```", ""]
-        path = results / f"{name}.json"
-        if path.is_file():
-            lines += _result_lines(json.loads(path.read_text()))
+def number(value: Any) -> str:
+    """A figure as the page shows it: at most 3 decimals, no trailing zeros."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return md_text(json.dumps(value, default=str))
+    if isinstance(value, int):
+        return f"{value:,}"
+    text = f"{value:,.3f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def with_unit(value: float | None, unit: str) -> str:
+    """A measure's value with its unit (a dash: not measured)."""
+    if value is None:
+        return DASH
+    if unit == "bool":
+        return "yes" if value else "no"
+    return number(value) + _UNITS.get(unit, f" {unit}")
+
+
+def target_text(op: str, target: float, unit: str) -> str:
+    """``≤ 1.2`` and the unit; a ``bool`` measure's target (``>= 1``) reads ``holds``."""
+    if unit == "bool":
+        return "holds" if (op, target) in ((">=", 1.0), (">", 0.0)) else f"{op} {target}"
+    return f"{_OPS.get(op, op)} {number(target)}{_UNITS.get(unit, f' {unit}')}"
+
+
+def rule_text(rule: dict[str, Any]) -> str:
+    """A :class:`benchmarks.registry.Rule` (as a dict) in words."""
+    repeats, statistic = rule.get("repeats", 1), rule.get("statistic", "")
+    words = ("one value" if statistic == "single" or (repeats == 1 and statistic == "total")
+             else f"{statistic} of {repeats} sample{'s' if repeats != 1 else ''}")
+    if rule.get("order", "fixed") != "fixed":
+        words += f", sides' order {rule['order']}"
+    if not rule.get("first_run_counts", True):
+        words += ", warm-up run dropped"
+    if rule.get("note"):
+        words += f"; {without_issues(rule['note']).strip()}"
+    return md_text(words)
+
+
+def sides_text(sides: Any) -> str:
+    """Side values as ``label value`` pairs (a dash: none)."""
+    if not isinstance(sides, dict) or not sides:
+        return DASH
+    parts = []
+    for label, value in sides.items():
+        if isinstance(value, list) and all(isinstance(v, int | float) for v in value):
+            shown = "[" + ", ".join(number(v) for v in value) + "]"
         else:
-            lines += [f"Results: not run yet (no `benchmarks/results/{name}.json`).", ""]
-    others = sorted(p for p in results.glob("*.json") if p.stem not in names)
-    if others:
-        lines += ["## Other results", ""]
-        for path in others:
-            lines += [f"### `{path.stem}`", "", *_result_lines(json.loads(path.read_text()))]
-    return "\n".join(lines)
+            shown = DASH if value is None else number(value)
+        parts.append(f"`{label}` {shown}")
+    return ", ".join(parts)
+
+
+def date_text(date: Any) -> str:
+    """An ISO date as ``2030-01-02 03:04:05 UTC`` (as written when it does not parse)."""
+    try:
+        when = datetime.fromisoformat(str(date).replace("Z", "+00:00"))
+    except ValueError:
+        return md_text(str(date))
+    if when.tzinfo is not None:
+        when = when.astimezone(UTC)
+    return when.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if when.tzinfo else "")
+
+
+def commit_text(commit: Any, short: bool = False) -> str:
+    """A commit (``+dirty``: the checkout had changes the commit does not hold)."""
+    sha, _, dirty = str(commit).partition("+")
+    return f"`{sha[:12] if short else sha}`" + (" with uncommitted changes" if dirty else "")
+
+
+def targets_lines(bench: Any) -> list[str]:
+    """The declared targets of a :class:`benchmarks.registry.Benchmark`, and why they
+    changed (its and its measures' ``history``)."""
+    lines = ["**Targets** (declared in `benchmarks/targets.py` before any run):", "",
+             "| Measure | Target | Compared with | Rule |", "|---|---|---|---|"]
+    for m in bench.measures:
+        lines.append(f"| `{m.name}` | {target_text(m.op, m.target, m.unit)} | "
+                     f"{md_text(without_issues(m.compared_with))} | "
+                     f"{rule_text(asdict(m.rule))} |")
+    history = [(None, s) for s in bench.history]
+    history += [(m.name, s) for m in bench.measures for s in m.history]
+    lines.append("")
+    if history:
+        lines += ["**Why the targets changed:**", ""]
+        lines += [f"- {f'`{name}`: ' if name else ''}{md_text(without_issues(s))}"
+                  for name, s in history]
+        lines.append("")
+    return lines
+
+
+def run_lines(data: dict[str, Any]) -> list[str]:
+    """When, where, at which commit and how a results file was measured."""
+    run = data.get("run") if isinstance(data.get("run"), dict) else {}
+    date = run.get("date") or _find(data, ("date", "timestamp", "measured_at", "started_at"))
+    commit = run.get("git_commit") or _find(data, ("commit", "git_commit", "git_sha"))
+    if run.get("cores") or run.get("load_average_before_start"):
+        machine = f"{run.get('cores', '?')} cores"
+        load = run.get("load_average_before_start")
+        if isinstance(load, list) and load:
+            shown = [f"{x:.2f}" if isinstance(x, int | float) else md_text(str(x))
+                     for x in load]
+            machine += f", load average before start {' / '.join(shown)} (1 / 5 / 15 min)"
+    else:
+        found = _find(data, ("machine", "host", "hostname", "platform", "cpu"))
+        machine = md_text(str(found)) if found else "not recorded"
+    lines = [f"- Date: {date_text(date) if date else 'not recorded'}",
+             f"- Machine: {machine}",
+             f"- Commit: {commit_text(commit) if commit else 'not recorded'}",
+             f"- Command: `{run['command']}`" if run.get("command") else "- Command: not recorded"]
+    if isinstance(run.get("wall_seconds"), int | float):
+        lines.append(f"- Wall time: {number(run['wall_seconds'])} s")
+    return lines
+
+
+def run_verdict(data: dict[str, Any]) -> str:
+    """The whole run's verdict: PASS (every measured measure passed), FAIL, NOT RUN
+    (nothing measured), or why it does not count."""
+    if data.get("off_target_conditions"):
+        return ("does not count (not at the targets' conditions: "
+                f"{md_text(str(data['off_target_conditions']))})")
+    if data.get("passed"):
+        return "PASS"
+    rows = [r for r in data.get("verdicts") or [] if isinstance(r, dict)]
+    return "FAIL" if any(r.get("verdict") != "NOT RUN" for r in rows) else "NOT RUN"
+
+
+def verdict_rows(bench: Any, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results file's verdict rows, then a NOT RUN row for each measure declared
+    since."""
+    rows = [r for r in data.get("verdicts") or [] if isinstance(r, dict)]
+    seen = {r.get("measure") for r in rows}
+    for m in bench.measures if bench else ():
+        if m.name not in seen:
+            rows.append({"measure": m.name, "value": None, "op": m.op, "target": m.target,
+                         "unit": m.unit, "verdict": "NOT RUN",
+                         "sides": {}, "missing": True})
+    return rows
+
+
+def results_lines(bench: Any, name: str, data: dict[str, Any]) -> list[str]:
+    """A results file: its run, and a row per measure (value, target, verdict, sides)."""
+    lines = [f"**Latest results** (`benchmarks/results/{name}.json`):", "", *run_lines(data)]
+    declared = {m.name: m for m in bench.measures} if bench else {}
+    if bench and data.get("verdicts") is not None:
+        lines += [f"- Verdict of the run: {run_verdict(data)}", "",
+                  "| Measure | Value | Target | Verdict | Side values |",
+                  "|---|---|---|---|---|"]
+        for r in verdict_rows(bench, data):
+            unit = str(r.get("unit", ""))
+            target = target_text(str(r.get("op")), r.get("target"), unit)
+            now = declared.get(r.get("measure"))
+            if now and (now.op, now.target) != (r.get("op"), r.get("target")):
+                target += f" (now {target_text(now.op, now.target, now.unit)})"
+            sides = ("not in this results file (declared after the run)"
+                     if r.get("missing") else sides_text(r.get("sides")))
+            lines.append(f"| `{r.get('measure')}` | {with_unit(r.get('value'), unit)} | "
+                         f"{target} | **{r.get('verdict')}** | {sides} |")
+    elif bench:
+        lines += ["", "This results file has no verdicts (it was written before the "
+                  "benchmark judged its runs against `benchmarks/targets.py`): run it again."]
+    lines.append("")
+    shown = json.dumps(data, indent=2, default=str).splitlines()
+    if len(shown) > 120:
+        shown = [*shown[:120], f"... ({len(shown) - 120} more lines in the file)"]
+    lines += ['??? note "The results file"', "", "    ```json",
+              *(f"    {line}" for line in shown), "    ```", ""]
+    return lines
+
+
+def _read_results(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def summary_lines(sections: list[tuple[str, Any, Any]]) -> list[str]:
+    """One row per benchmark: its latest run's date, commit and verdicts (``data``:
+    its results, ``None`` when not measured yet, an error text when unreadable)."""
+    lines = ["| Benchmark | Latest run | Commit | Verdicts |", "|---|---|---|---|"]
+    for name, bench, data in sections:
+        link = f"[`{name}`](#{name})"
+        if not isinstance(data, dict):
+            state = "not measured yet" if data is None else "results file unreadable"
+            lines.append(f"| {link} | {state} | {DASH} | {DASH} |")
+            continue
+        run = data.get("run") or {}
+        date = run.get("date") or _find(data, ("date", "timestamp"))
+        commit = run.get("git_commit") or _find(data, ("commit", "git_commit"))
+        if bench and data.get("verdicts") is not None:
+            counts = Counter(r["verdict"] for r in verdict_rows(bench, data))
+            verdicts = ", ".join(f"{counts[v]} {v}" for v in ("PASS", "FAIL", "NOT RUN")
+                                 if counts[v])
+            if data.get("off_target_conditions"):
+                verdicts += " (not at the targets' conditions: does not count)"
+        else:
+            verdicts = "no verdicts" if bench else "no pre-registered targets"
+        when = date_text(date) if date else "not recorded"
+        sha = commit_text(commit, short=True) if commit else "not recorded"
+        lines.append(f"| {link} | {when} | {sha} | {verdicts} |")
+    return [*lines, ""]
+
+
+def benchmarks_markdown(results_dir: Path | None = None) -> str:
+    """A summary table, then per benchmark (those of ``benchmarks/targets.py`` first, then
+    any other benchmark module): its command and what it compares (the module's
+    docstring), its declared targets, and its results file's run and verdicts, or "not
+    measured yet"."""
+    from benchmarks.targets import ALL
+
+    results = results_dir or ROOT / "benchmarks" / "results"
+    docs = _benchmark_modules()
+    declared = {b.name: b for b in ALL}
+    names = [*declared, *(n for n in docs if n not in declared)]
+    sections: list[tuple[str, Any, Any]] = []
+    body: list[str] = []
+    for name in names:
+        bench = declared.get(name)
+        doc = without_issues(plain_roles(docs.get(name, ""))).strip()
+        doc = re.sub(r"``(.+?)``", r"`\1`", doc)
+        title, _, rest = doc.partition("\n")
+        usage, rest = split_usage(name, rest)
+        if bench and f"benchmarks.{name}" not in usage:
+            usage = bench.command
+        body += [f"## `{name}`", "", title.strip(), "", "```bash", usage, "```", "", rest, ""]
+        body += (targets_lines(bench) if bench else
+                 ["No pre-registered targets in `benchmarks/targets.py`.", ""])
+        path = results / f"{name}.json"
+        data: Any = None
+        if path.is_file():
+            data, error = _read_results(path)
+            if error is None and isinstance(data, dict):
+                body += results_lines(bench, name, data)
+            else:
+                data = error or "not a JSON object"
+                body += [f"Results: `benchmarks/results/{name}.json` could not be read "
+                         f"({md_text(data)}).", ""]
+        else:
+            body += [f"Results: not measured yet (no `benchmarks/results/{name}.json`).", ""]
+        sections.append((name, bench, data))
+    return "\n".join([*summary_lines(sections), *body])
 
 
 # ---------------------------------------------------------------- the hook

@@ -120,3 +120,12 @@ def test_declarations_read_the_benchmarks_result_shapes():
     assert fresh["sensor_max_s"] == 31.0 and fresh["continuous_sustained_p99_s"] is None
     soak = values(targets.SOAK, {"targets": {"runs": True, "kills": False}})
     assert soak["runs"] == 1.0 and soak["kills"] == 0.0 and soak["restore"] is None
+
+
+def test_a_target_change_carries_its_sentence():
+    moved = Measure("m", 1.0, "<=", "s", "side",
+                    history=("2030-01-02: from 2 s to 1 s, the warm-up is no longer timed.",))
+    assert moved.verdict(1.0) == "PASS" and moved.history[0].startswith("2030-01-02")
+    assert all(isinstance(m.history, tuple) for b in targets.ALL for m in b.measures)
+    with pytest.raises(TypeError, match="history"):
+        Measure("m", 1.0, "<=", "s", "side", history="one sentence, not a tuple")  # type: ignore[arg-type]

@@ -152,27 +152,166 @@ def load_hooks() -> ModuleType:
     return module
 
 
-def test_the_benchmarks_page_shows_results_or_not_run_yet(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def _cluster_results(**changes: object) -> dict:
+    """A ``cluster`` results file as :meth:`benchmarks.registry.Benchmark.report` writes
+    it (a failed run)."""
+    data = {
+        "ratio": 1.62, "cluster": {"median_seconds": 3.24}, "local": {"median_seconds": 2.0},
+        "verdicts": [{
+            "measure": "cluster_over_local", "value": 1.62, "op": "<=", "target": 1.5,
+            "unit": "x", "verdict": "FAIL", "compared_with": "the same batches on local[2]",
+            "sides": {"cluster_s": 3.24, "local_s": 2.0},
+            "rule": {"repeats": 5, "statistic": "median", "order": "fixed",
+                     "first_run_counts": True, "note": ""}}],
+        "off_target_conditions": None, "passed": False,
+        "run": {"benchmark": "cluster", "command": "python -m benchmarks.cluster --batches 5",
+                "cores": 24, "load_average_before_start": [0.25, 0.5, 0.75],
+                "git_commit": "0123456789abcdef0123456789abcdef01234567",
+                "date": "2030-01-02T03:04:05.678+00:00", "wall_seconds": 312.4}}
+    data.update(changes)
+    return data
+
+
+def section(page: str, name: str) -> str:
+    return page.split(f"## `{name}`\n")[1].split("\n## ")[0]
+
+
+def test_the_benchmarks_page_shows_targets_and_each_results_file(tmp_path: Path) -> None:
+    from benchmarks.targets import ALL
+
     hooks = load_hooks()
-    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks",
-                    ignore=shutil.ignore_patterns("*.json", "__pycache__"))
-    results = tmp_path / "benchmarks" / "results"
-    results.mkdir(exist_ok=True)
-    (results / "cluster.json").write_text(json.dumps({
-        "date": "2030-01-02T03:04:05Z", "machine": "test-box", "commit": "abc1234",
-        "targets": {"ratio": "<= 1.5"}, "ratio": 1.1}))
-    (results / "extra.json").write_text(json.dumps({"commit": "def5678"}))
-    monkeypatch.setattr(hooks, "ROOT", tmp_path)
-    page = hooks.benchmarks_markdown()
-    modules = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
-                     if p.stem not in hooks.NOT_BENCHMARKS)
-    for name in modules:
-        assert f"## `{name}`" in page and f"python -m benchmarks.{name}" in page, name
-    cluster = page.split("## `cluster`")[1].split("\n## ")[0]
-    assert "2030-01-02T03:04:05Z" in cluster and "test-box" in cluster
-    assert "abc1234" in cluster and "not run yet" not in cluster
-    assert page.count("not run yet") == len(modules) - 1
-    assert "### `extra`" in page and "def5678" in page
+    (tmp_path / "cluster.json").write_text(json.dumps(_cluster_results()))
+    passed = _cluster_results(passed=True)
+    passed["verdicts"] = [{**passed["verdicts"][0], "value": 1.2, "verdict": "PASS"}]
+    passed["run"] = {**passed["run"], "benchmark": "snapshots", "git_commit": "fedcba9876+dirty"}
+    (tmp_path / "snapshots.json").write_text(json.dumps(passed))
+    (tmp_path / "scratch_run.json").write_text(json.dumps({"run": {"git_commit": "5cra7c4"}}))
+    page = hooks.benchmarks_markdown(tmp_path)
+
+    # every declared benchmark: its command and each measure's target, run or not
+    for bench in ALL:
+        text = section(page, bench.name)
+        assert f"python -m benchmarks.{bench.name}" in text, bench.name
+        for m in bench.measures:
+            assert f"| `{m.name}` | {hooks.target_text(m.op, m.target, m.unit)} |" in text
+    cluster = section(page, "cluster")
+    assert "| `cluster_over_local` | ≤ 1.5\u00d7 | the same batches on local\\[2\\] |" in cluster
+    assert "median of 5 samples" in cluster
+    # the run: date, machine, commit, command; value, target, verdict and sides
+    assert "Date: 2030-01-02 03:04:05 UTC" in cluster
+    assert "Machine: 24 cores, load average before start 0.25 / 0.50 / 0.75" in cluster
+    assert "Commit: `0123456789abcdef0123456789abcdef01234567`" in cluster
+    assert "Command: `python -m benchmarks.cluster --batches 5`" in cluster
+    assert ("| `cluster_over_local` | 1.62\u00d7 | ≤ 1.5\u00d7 | **FAIL** | "
+            "`cluster_s` 3.24, `local_s` 2 |") in cluster
+    assert "Verdict of the run: FAIL" in cluster
+    assert "not measured yet" not in cluster
+    # FAIL as plainly as PASS; a dirty checkout said so
+    snapshots = section(page, "snapshots")
+    assert "| 1.2\u00d7 | ≤ 1.5\u00d7 | **PASS** |" in snapshots
+    assert "`fedcba9876` with uncommitted changes" in snapshots
+    # a measure declared since the run: NOT RUN, not an error
+    assert "| `restore_over_cold_read` | \u2013 | ≤ 2\u00d7 | **NOT RUN** |" in snapshots
+    summary = page.split("\n## ")[0]
+    assert "| [`cluster`](#cluster) | 2030-01-02 03:04:05 UTC | `0123456789ab` | 1 FAIL |" \
+        in summary
+    # no results file: "not measured yet"; a scratch run (another --name) is not shown
+    unmeasured = [b.name for b in ALL if b.name not in ("cluster", "snapshots")]
+    for name in unmeasured:
+        assert f"not measured yet (no `benchmarks/results/{name}.json`)" in section(page, name)
+    assert "5cra7c4" not in page and "scratch_run" not in page
     assert not ISSUE.search(page)
+
+
+def test_the_benchmarks_page_shows_why_a_target_changed_and_runs_off_conditions(
+        tmp_path: Path) -> None:
+    from benchmarks.registry import Benchmark, Measure
+    from benchmarks.targets import CLUSTER
+
+    hooks = load_hooks()
+    moved = Benchmark("cluster", CLUSTER.command, (
+        Measure("cluster_over_local", 1.4, "<=", "x", "the same batches on local[2]",
+                history=("2030-02-01: from 1.5 to 1.4, executors now start before the timing.",)),
+    ), history=("2030-01-15: batches of 50,000 events instead of 20,000.",))
+    text = "\n".join(hooks.targets_lines(moved))
+    assert "**Why the targets changed:**" in text
+    assert "- 2030-01-15: batches of 50,000 events instead of 20,000." in text
+    assert "- `cluster_over_local`: 2030-02-01: from 1.5 to 1.4, executors now" in text
+    assert "Why the targets changed" not in "\n".join(hooks.targets_lines(CLUSTER))
+    # the target the run was judged against, and the one declared now
+    data = _cluster_results(off_target_conditions="--events 5000 (the target is set at 50k)")
+    rows = "\n".join(hooks.results_lines(moved, "cluster", data))
+    assert "| 1.62\u00d7 | ≤ 1.5\u00d7 (now ≤ 1.4\u00d7) | **FAIL** |" in rows
+    assert ("Verdict of the run: does not count (not at the targets' conditions: "
+            "--events 5000 (the target is set at 50k))") in rows
+
+
+def test_a_results_file_of_each_benchmark_is_committed_and_a_scratch_run_is_not() -> None:
+    from benchmarks.targets import ALL
+
+    hooks = load_hooks()
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = {b.name for b in ALL} | {p.stem for p in (ROOT / "benchmarks").glob("*.py")
+                                     if p.stem not in hooks.NOT_BENCHMARKS}
+
+    def ignored(name: str) -> bool:
+        path = f"benchmarks/results/{name}.json"
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0
+
+    assert not [n for n in sorted(names) if ignored(n)]
+    assert ignored("bench_a_base") and ignored("scratch")
+
+
+#: a measured figure stated in prose (the benchmarks page shows them from the results)
+_NUM = r"\d+(?:[.,]\d+)?"
+_UNIT = r"(?:ms|s|sec|seconds?|x|\u00d7)(?!\w)"
+MEASURED = re.compile("|".join([
+    rf"~\s?{_NUM}\s?{_UNIT}",  # ~22 ms, ~1.4 s
+    rf"{_NUM}\s?{_UNIT}\s*\(?(?:p50|p90|p99|median|mean|max)\b",  # 1.9 s (p50)
+    rf"\b(?:p50|p90|p99|median|mean|average)(?: of| was| is| at|:|=)?\s*~?{_NUM}\s?{_UNIT}",
+    r"\d+\.\d+\s?(?:x|\u00d7)(?!\w)",  # 1.33x, 0.26x (or the times sign)
+    r"\bratios? (?:of |was |is |= ?|: ?)?~?\d+\.\d+",  # ratio 0.26
+    rf"{_NUM}\s?(?:x|\u00d7|times) (?:faster|slower|quicker)",  # 3.6x faster
+]), re.IGNORECASE)
+#: what a target (a declaration, not a measurement) reads like just before its figure
+TARGET_WORDS = re.compile(r"<=|>=|[<>≤≥]|\btarget|\bat (?:most|least)\b|\bunder\b|\bbelow\b|"
+                          r"\bwithin\b|\bevery\b|\bbudget\b|\bdefault\b", re.IGNORECASE)
+
+
+def measured_figures(text: str) -> list[str]:
+    """Measured figures stated in ``text``, targets aside."""
+    found = []
+    for m in MEASURED.finditer(text):
+        if not TARGET_WORDS.search(text[max(0, m.start() - 30):m.start()]):
+            found.append(text[max(0, m.start() - 40):m.end() + 10])
+    return found
+
+
+def test_the_measured_figure_check_finds_claims_not_targets() -> None:
+    for claim in ("grows with the log (~22 ms at 20,200 files)", "sensor: 13.8 s (p50)",
+                  "a p50 of 1.9 s", "median 12.8 s", "Lakecast is 1.33\u00d7 the join",
+                  "the ratio 0.26 beats", "3.6x faster than the join"):
+        assert measured_figures(claim), claim
+    for target in ("the target is cluster / local[2] <= 1.5", "(target: ≤ 2 each)",
+                   "(<= 20 ms on >= 20,000 commits)", "a run killed every ~5 min",
+                   "succeeded within max_seconds + 60 s", "p50 / p99 / max of each",
+                   "keep it under ~100 MB", "median of 4 samples", "target ≤ 0.33\u00d7"):
+        assert not measured_figures(target), target
+
+
+def test_no_measured_figure_is_typed_into_the_prose(site: Path) -> None:
+    """Measured figures live in the results files, shown by the generated benchmarks
+    page; the prose links there instead of quoting them (targets may be stated)."""
+    texts = {"README.md": (ROOT / "README.md").read_text()}
+    texts.update({str(p.relative_to(ROOT)): p.read_text()
+                  for p in [*(ROOT / "docs").rglob("*.md"), *(ROOT / "deploy").glob("README*")]})
+    hooks = load_hooks()
+    texts.update({f"benchmarks/{p.name}": ast.get_docstring(ast.parse(p.read_text())) or ""
+                  for p in (ROOT / "benchmarks").glob("*.py")
+                  if p.stem not in hooks.NOT_BENCHMARKS})
+    texts.update({str(p.relative_to(site)): page_text(site, str(p.parent.relative_to(site)))
+                  for p in site.rglob("index.html")
+                  if p.parent.relative_to(site).parts[:1] != ("benchmarks",)})
+    found = {name: figures for name, text in texts.items() if (figures := measured_figures(text))}
+    assert not found, found
