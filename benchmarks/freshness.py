@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sustained-every", type=float, default=2.0,
                         help="seconds between two sustained commits")
     parser.add_argument("--sustained-modes", default="continuous,streaming")
-    parser.add_argument("--rates", default="4000,8000",
+    parser.add_argument("--rates", default="4000,8000,16000,32000",
                         help="higher rates (events/s) tried after the sustained phase "
                              "(continuous; empty: none)")
     parser.add_argument("--rate-minutes", type=float, default=2.0)
