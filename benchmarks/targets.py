@@ -91,16 +91,32 @@ SNAPSHOTS = Benchmark("snapshots", "python -m benchmarks.snapshots", (
     Measure("first_checkpoint_over_plain_write", 2.0, "<=", "x",
             "a plain Delta write of the same rows",
             Rule(repeats=3, statistic="median", order="alternating", first_run_counts=True,
-                 note="the application's first checkpoint over the writes' median"),
+                 note="the application's first checkpoint (the first in the process, after "
+                      "its first batch; the items table written by delta-rs, so nothing "
+                      "warmed Spark's Delta write path before it) over the median of as "
+                      "many plain Spark Delta writes, alternating with the checkpoints "
+                      "(the checkpoint first at repeat 0)"),
             value=_first_over_median("checkpoint_runs_s", "plain_delta_write_s"),
             sides=sides(first_checkpoint_s="checkpoint_runs_s",
-                        plain_write_s="plain_delta_write_s")),
+                        plain_write_s="plain_delta_write_s",
+                        plain_write_runs_s="plain_delta_write_runs_s")),
     Measure("restore_over_cold_read", 2.0, "<=", "x",
-            "a cold read of the same rows into the driver",
-            Rule(repeats=1, statistic="single"),
+            "a cold read of the same rows into Arrow in each of the p tasks (one job)",
+            Rule(repeats=1, statistic="single",
+                 note="restore = a cold runtime's driver restore (read, verify, decode, "
+                      "ship) + its first batch (tasks load the state); the read: the files "
+                      "listed in the driver (delta-rs), read with pyarrow by every task; "
+                      "cold for both: new store object, delta-rs handles and Spark's "
+                      "DeltaLog cache dropped, the read of a table copy this process never "
+                      "opened"),
             value=ratio("restore_total_s", "plain_delta_read_s"),
-            sides=sides(restore_s="restore_total_s", read_s="plain_delta_read_s")),
-))
+            sides=sides(restore_s="restore_total_s", read_s="plain_delta_read_s",
+                        restore_driver_s="restore_driver_s",
+                        driver_spark_read_s="cold_read_driver_spark_s",
+                        driver_direct_read_s="cold_read_driver_direct_s")),
+), conditions=lambda r: None if (r.get("entries"), r.get("p")) == (1_000_000, 4) else
+    f"{r.get('entries')} entries over p={r.get('p')} (the targets are set on 1,000,000 "
+    f"entries, p=4)")
 
 _SENSOR_RULE = Rule(repeats=10, statistic="p50", order="fixed", first_run_counts=True,
                     note="1,300-event commits every 20 s; the first commit after two idle "
