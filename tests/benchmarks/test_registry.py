@@ -73,6 +73,15 @@ def test_a_run_off_the_targets_conditions_never_passes(tmp_path, capsys):
     assert "not at the targets' conditions: scale 0.1" in capsys.readouterr().out
     assert targets.DELTA_LOG_POLL.conditions({"commits": 19_999}) is not None
     assert targets.DELTA_LOG_POLL.conditions({"commits": 20_000}) is None
+    full = {"keys": 200_000, "events_per_batch": 100_000, "batches": 10,
+            "sides": {"tws": {"extra": {"api_requested": "transformWithState"}}}}
+    assert targets.KEYED_STATE.conditions(full) is None
+    assert targets.KEYED_STATE.conditions({**full, "keys": 10_000}) is not None
+    pandas = {**full, "sides": {"tws": {"extra": {
+        "api_requested": "transformWithStateInPandas"}}}}
+    assert "transformWithStateInPandas" in targets.KEYED_STATE.conditions(pandas)
+    assert targets.SNAPSHOTS.conditions({"entries": 1_000_000, "p": 4}) is None
+    assert targets.SNAPSHOTS.conditions({"entries": 50_000, "p": 4}) is not None
 
 
 def test_an_unknown_comparison_is_refused():
@@ -113,6 +122,8 @@ def test_declarations_read_the_benchmarks_result_shapes():
                                       "plain_delta_write_s": 1.6,
                                       "restore_total_s": 1.0, "plain_delta_read_s": 2.0})
     assert snap == {"first_checkpoint_over_plain_write": 2.5, "restore_over_cold_read": 0.5}
+    keyed = values(targets.KEYED_STATE, {"ratios_lakecast_over_tws": {"total_s": 0.4}})
+    assert keyed == {"lakecast_over_tws_total": 0.4}
     fresh = values(targets.FRESHNESS, {
         "sensor": {"p50_s": 12.0, "max_s": 31.0},
         "continuous": {"p50_s": 0.8, "latencies_s": [0.5] * 99 + [4.0]}})
