@@ -104,7 +104,8 @@ def test_every_benchmark_declares_the_issue_targets():
                                             "sensor_max_s": ("<=", 30.0)}
     assert {k: v for k, v in declared["freshness"].items() if k.startswith("continuous")} == {
         "continuous_p50_s": ("<=", 1.0), "continuous_p99_s": ("<=", 3.0),
-        "continuous_sustained_p99_s": ("<=", 5.0)}
+        "continuous_sustained_p99_s": ("<=", 5.0),
+        "continuous_sustained_lag_growing": ("<=", 0.0)}  # "no growing lag" (False = 0)
     assert declared["delta_log_poll"]["poll_p50_ms"] == ("<=", 20.0)
 
 
