@@ -130,6 +130,15 @@ def test_declarations_read_the_benchmarks_result_shapes():
         "continuous": {"p50_s": 0.8, "latencies_s": [0.5] * 99 + [4.0]}})
     assert fresh["continuous_p99_s"] == 0.5  # 99th of 100: the last one is the p100
     assert fresh["sensor_max_s"] == 31.0 and fresh["continuous_sustained_p99_s"] is None
+    sustained = values(targets.FRESHNESS, {"sustained": {"p99_s": 1.9, "lag_growing": True}})
+    assert sustained["continuous_sustained_p99_s"] == 1.9
+    assert sustained["continuous_sustained_lag_growing"] == 1.0  # growing: FAIL (<= 0)
+    bench = targets.FRESHNESS
+    tuned = {"every_s": 20, "events_per_commit": 1300, "sensor": {},
+             "sensor_interval_override_s": 2, "idle_s": 120}
+    assert "overridden" in bench.conditions(tuned)
+    assert "idle" in bench.conditions({**tuned, "sensor_interval_override_s": None, "idle_s": 5})
+    assert bench.conditions({**tuned, "sensor_interval_override_s": None}) is None
     soak = values(targets.SOAK, {"targets": {"runs": True, "kills": False}})
     assert soak["runs"] == 1.0 and soak["kills"] == 0.0 and soak["restore"] is None
 
