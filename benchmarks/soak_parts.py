@@ -12,7 +12,8 @@ fraud pipeline beside the enrichment, per-minute samples, and the checks at the 
   root bytes, the Spark server's JVM and its Python workers' RSS;
 * :func:`check_lineage`: every enriched row's category, price, segment and discount equal
   the broadcast tables at the row's ``_state_version`` (Delta time travel, pandas);
-* :func:`check_restore`: restore the newest checkpoint, catch up, compare the outputs;
+* :func:`check_restore`: restore the newest checkpoint, redo the abandoned batches as
+  planned and catch up, compare the outputs with before, row for row;
 * :func:`maintenance_runs`: the scheduled ``lake_maintenance_job`` and
   ``fraud_maintenance_job`` runs.
 """
@@ -289,54 +290,130 @@ def check_lineage(spark: Any, settings: Settings) -> dict[str, Any]:
             "versions_seen": seen, "ok": len(rows) > 0 and not any(bad.values())}
 
 
-def _outputs(spark: Any, settings: Settings) -> dict[str, Any]:
-    """Per output: its rows' event ids (sorted) and a digest of its rows' content."""
+RESTORE_SKIPPED_COLUMNS = ("batch_id",)  # a redone batch has a fresh batch id
+
+
+def _content(df: Any) -> Any:
+    """``df``'s rows as compared by :func:`check_restore`: every column but
+    :data:`RESTORE_SKIPPED_COLUMNS`, sorted by name (map columns as JSON: ``exceptAll``
+    cannot compare maps)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
 
-    from jobs.storefront.pipeline import OUTPUTS
+    cols = sorted(c for c in df.columns if c not in RESTORE_SKIPPED_COLUMNS)
+    return df.select(*(F.to_json(c).alias(c) if isinstance(df.schema[c].dataType, MapType)
+                       else F.col(c) for c in cols))
 
-    out = {}
-    for table, _ in OUTPUTS:
-        df = spark.read.format("delta").load(settings.table_path(table))
-        eid = (F.col("event_id") if "event_id" in df.columns
-               else F.get_json_object("raw_record", "$.event_id").cast("long"))
-        cols = sorted(c for c in df.columns if c != "batch_id")  # redone: fresh batch ids
-        digest = df.select(F.sum(F.xxhash64(*cols).cast("decimal(38,0)")).alias("h"),
-                           F.count("*").alias("n")).first()
-        ids = sorted((r[0] is None, r[0] or 0) for r in df.select(eid.alias("e")).collect())
-        out[table] = {"rows": int(digest["n"]), "digest": digest["h"], "ids": ids}
-    return out
+
+def _example(row: Any) -> dict[str, Any]:
+    d = row.asDict()
+    if "event_id" in d:
+        return {"event_id": d["event_id"], "_state_version": d.get("_state_version")}
+    return {k: str(v)[:160] for k, v in d.items() if k in ("raw_record", "reason")}
+
+
+def compare_content(spark: Any, path: str, before_version: int) -> dict[str, Any]:
+    """The table at ``path`` now against its version ``before_version``, row for row as
+    multisets (``exceptAll`` both ways): ``missing`` rows of before that are not in it now
+    (as often), ``extra`` rows now that were not before."""
+    before = _content(spark.read.format("delta").option("versionAsOf", int(before_version))
+                      .load(path))
+    after = _content(spark.read.format("delta").load(path))
+    if before.columns != after.columns:
+        return {"columns_before": before.columns, "columns_after": after.columns,
+                "same": False}
+    missing, extra = before.exceptAll(after), after.exceptAll(before)
+    n_missing, n_extra = missing.count(), extra.count()
+    return {"rows_before": before.count(), "rows_after": after.count(),
+            "missing": n_missing, "extra": n_extra,
+            "examples_missing": [_example(r) for r in missing.limit(3).collect()]
+            if n_missing else [],
+            "examples_extra": [_example(r) for r in extra.limit(3).collect()]
+            if n_extra else [],
+            "same": n_missing == 0 and n_extra == 0}
+
+
+def catch_up_as_planned() -> dict[str, Any]:
+    """After a rewind: redo each batch the rewind abandoned with its original plan's bounds
+    (events up to its ``events_end``, the broadcast tables at its versions; what the
+    sensor's runs do with the versions they were requested for), then catch up with the
+    tables. Run in its own process (``python -m benchmarks.soak_parts
+    --catch-up-as-planned``), on the pipeline's server-side session as the CLI does."""
+    from jobs.storefront.pipeline import ENRICHMENT, build_pipeline
+    from lakecast.config import get_settings
+    from lakecast.pipeline.progress import progress_path, read_log
+    from lakecast.spark import get_spark
+
+    settings = get_settings()
+    plans, commits = read_log(progress_path(settings.checkpoint_root, ENRICHMENT.name))
+    rewind = [p for p in plans if p.is_restore][-1]
+    assert rewind.restore_of is not None
+    original = [p for p in plans if rewind.restore_of < p.batch_id < rewind.batch_id
+                and p.batch_id in commits and not p.is_restore]
+    spark = get_spark(app_name="lakecast-microbatch", session=f"pipeline:{ENRICHMENT.name}")
+    pipeline = build_pipeline(spark, settings)
+
+    def plan(p: Any) -> dict[str, Any]:
+        return {"events": [p.events_start, p.events_end],
+                "broadcast_versions": dict(sorted(p.broadcast_versions.items()))}
+
+    redone, mismatched = [], []
+    for p in original:
+        for r in pipeline.run(until={ENRICHMENT.events_table: p.events_end,
+                                     **p.broadcast_versions}):
+            redone.append({"batch_id": r.plan.batch_id, "redoes": p.batch_id})
+            if plan(r.plan) != plan(p):
+                mismatched.append({"batch_id": r.plan.batch_id, "planned": plan(r.plan),
+                                   "redoes": p.batch_id, "original": plan(p)})
+    rest = [r.plan.batch_id for r in pipeline.run()]
+    return {"rewind_batch": rewind.batch_id, "restore_of": rewind.restore_of,
+            "original_batches": [p.batch_id for p in original], "redone": redone,
+            "plans_mismatched": mismatched, "caught_up_after": rest}
 
 
 def check_restore(spark: Any, settings: Settings, env: dict[str, str]) -> dict[str, Any]:
     """Restore the enrichment pipeline's newest checkpoint (``lakecast snapshots restore``'s
-    path), catch up with ``python -m jobs.storefront.microbatch``, compare the outputs with
-    before."""
+    path), redo the abandoned batches as planned and catch up (:func:`catch_up_as_planned`,
+    its own process), then compare each output with its version before the restore, row
+    for row (:func:`compare_content`; every column but the batch id).
+
+    ``ok``: the catch-up exited 0, redid every abandoned batch with its original plan, and
+    every output holds exactly the rows it held before (as multisets)."""
+    from jobs.storefront.pipeline import OUTPUTS
+    from lakecast.delta import io as delta_io
     from lakecast.snapshots.checkpointer import restore_checkpoint
 
-    before = _outputs(spark, settings)
+    paths = {t: settings.table_path(t) for t, _ in OUTPUTS}
+    before = {t: delta_io.latest_version(p) for t, p in paths.items()}
     plan, restored = restore_checkpoint(spark, settings, "enrichment")
-    rolled = {t: len(v["ids"]) for t, v in _outputs(spark,
-    settings).items()}
-    run = subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT,
-    env=env,
+    rolled = {t: spark.read.format("delta").load(p).count() for t, p in paths.items()}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.soak_parts",
+                          "--catch-up-as-planned"], cwd=PROJECT_ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
-    after = _outputs(spark, settings)
-    same_ids = all(before[t]["ids"] == after[t]["ids"] for t in before)
-    same_rows = all(before[t]["digest"] == after[t]["digest"] for t in before)
+    try:
+        catch_up = json.loads(run.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        catch_up = None
+    content = {t: compare_content(spark, p, before[t]) if before[t] is not None
+               else {"same": False, "error": "no table before the restore"}
+               for t, p in paths.items()}
+    as_planned = (catch_up is not None and not catch_up["plans_mismatched"]
+                  and len(catch_up["redone"]) == len(catch_up["original_batches"]))
+    same_rows = all(c["same"] for c in content.values())
     return {"checkpoint_id": restored.header.checkpoint_id,
             "batch_id": restored.header.batch_id, "skipped": list(restored.skipped),
-            "rollback_to": plan.rollback_to, "rows_after_rollback": rolled,
-            "rows_before": {t: v["rows"] for t, v in before.items()},
-            "rows_after": {t: v["rows"] for t, v in after.items()},
-            "catch_up_exit": run.returncode, "catch_up_stderr": run.stderr[-1500:]
-            if run.returncode else "", "same_event_ids": same_ids, "same_rows": same_rows,
-            "ok": run.returncode == 0 and same_ids}
+            "rollback_to": plan.rollback_to, "versions_before": before,
+            "rows_after_rollback": rolled, "catch_up": catch_up,
+            "catch_up_exit": run.returncode,
+            "catch_up_stderr": run.stderr[-1500:] if run.returncode else "",
+            "content": content, "redone_as_planned": as_planned, "same_rows": same_rows,
+            "ok": run.returncode == 0 and as_planned and same_rows}
 
 
-def maintenance_runs(instance: Any) -> dict[str, Any]:
+def maintenance_runs(instance: Any, excused: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The ``lake_maintenance_job`` and ``fraud_maintenance_job`` runs (started by their
-    schedules), their statuses and the tables each maintained."""
+    schedules), their statuses and the tables each maintained. A run in ``excused`` (run
+    ids: the Spark server was killed under it) is reported, its failure not counted."""
     from dagster import DagsterEventType, RunsFilter
 
     from jobs.fraud.defs import FRAUD
@@ -361,11 +438,13 @@ def maintenance_runs(instance: Any) -> dict[str, Any]:
              "seconds": round(r.end_time - r.start_time, 1)
              if r.start_time and r.end_time else None, "end_time": r.end_time,
              "maintained": maintained(r.dagster_run.run_id),
-             "failure": failure(r.dagster_run.run_id)} for r in recs]
+             "failure": failure(r.dagster_run.run_id),
+             "server_killed": r.dagster_run.run_id in excused} for r in recs]
     succeeded = {job: sum(r["status"] == "SUCCESS" and r["job"] == job for r in runs)
                  for job in jobs}
     return {"runs": runs, "succeeded": succeeded,
-            "ok": all(succeeded.values()) and not any(r["status"] == "FAILURE" for r in runs)}
+            "ok": all(succeeded.values()) and not any(
+                r["status"] == "FAILURE" and not r["server_killed"] for r in runs)}
 
 
 def storage_bounded(minute: list[dict[str, Any]], disk: str, log: str, cuts: Sequence[float],
@@ -403,3 +482,10 @@ def storage_bounded(minute: list[dict[str, Any]], disk: str, log: str, cuts: Seq
         ok = ok and mid is not None and last <= 1.25 * mid
     out["bounded"] = ok
     return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--catch-up-as-planned"]:
+        print(json.dumps(catch_up_as_planned()), flush=True)
+    else:
+        sys.exit("usage: python -m benchmarks.soak_parts --catch-up-as-planned")

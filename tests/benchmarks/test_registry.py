@@ -73,6 +73,15 @@ def test_a_run_off_the_targets_conditions_never_passes(tmp_path, capsys):
     assert "not at the targets' conditions: scale 0.1" in capsys.readouterr().out
     assert targets.DELTA_LOG_POLL.conditions({"commits": 19_999}) is not None
     assert targets.DELTA_LOG_POLL.conditions({"commits": 20_000}) is None
+    full = {"keys": 200_000, "events_per_batch": 100_000, "batches": 10,
+            "sides": {"tws": {"extra": {"api_requested": "transformWithState"}}}}
+    assert targets.KEYED_STATE.conditions(full) is None
+    assert targets.KEYED_STATE.conditions({**full, "keys": 10_000}) is not None
+    pandas = {**full, "sides": {"tws": {"extra": {
+        "api_requested": "transformWithStateInPandas"}}}}
+    assert "transformWithStateInPandas" in targets.KEYED_STATE.conditions(pandas)
+    assert targets.SNAPSHOTS.conditions({"entries": 1_000_000, "p": 4}) is None
+    assert targets.SNAPSHOTS.conditions({"entries": 50_000, "p": 4}) is not None
 
 
 def test_an_unknown_comparison_is_refused():
@@ -95,7 +104,8 @@ def test_every_benchmark_declares_the_issue_targets():
                                             "sensor_max_s": ("<=", 30.0)}
     assert {k: v for k, v in declared["freshness"].items() if k.startswith("continuous")} == {
         "continuous_p50_s": ("<=", 1.0), "continuous_p99_s": ("<=", 3.0),
-        "continuous_sustained_p99_s": ("<=", 5.0)}
+        "continuous_sustained_p99_s": ("<=", 5.0),
+        "continuous_sustained_lag_growing": ("<=", 0.0)}  # "no growing lag" (False = 0)
     assert declared["delta_log_poll"]["poll_p50_ms"] == ("<=", 20.0)
 
 
@@ -113,11 +123,22 @@ def test_declarations_read_the_benchmarks_result_shapes():
                                       "plain_delta_write_s": 1.6,
                                       "restore_total_s": 1.0, "plain_delta_read_s": 2.0})
     assert snap == {"first_checkpoint_over_plain_write": 2.5, "restore_over_cold_read": 0.5}
+    keyed = values(targets.KEYED_STATE, {"ratios_lakecast_over_tws": {"total_s": 0.4}})
+    assert keyed == {"lakecast_over_tws_total": 0.4}
     fresh = values(targets.FRESHNESS, {
         "sensor": {"p50_s": 12.0, "max_s": 31.0},
         "continuous": {"p50_s": 0.8, "latencies_s": [0.5] * 99 + [4.0]}})
     assert fresh["continuous_p99_s"] == 0.5  # 99th of 100: the last one is the p100
     assert fresh["sensor_max_s"] == 31.0 and fresh["continuous_sustained_p99_s"] is None
+    sustained = values(targets.FRESHNESS, {"sustained": {"p99_s": 1.9, "lag_growing": True}})
+    assert sustained["continuous_sustained_p99_s"] == 1.9
+    assert sustained["continuous_sustained_lag_growing"] == 1.0  # growing: FAIL (<= 0)
+    bench = targets.FRESHNESS
+    tuned = {"every_s": 20, "events_per_commit": 1300, "sensor": {},
+             "sensor_interval_override_s": 2, "idle_s": 120}
+    assert "overridden" in bench.conditions(tuned)
+    assert "idle" in bench.conditions({**tuned, "sensor_interval_override_s": None, "idle_s": 5})
+    assert bench.conditions({**tuned, "sensor_interval_override_s": None}) is None
     soak = values(targets.SOAK, {"targets": {"runs": True, "kills": False}})
     assert soak["runs"] == 1.0 and soak["kills"] == 0.0 and soak["restore"] is None
 
