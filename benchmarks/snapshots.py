@@ -1,25 +1,44 @@
 """Benchmark: broadcast state checkpoints in Delta — bytes, restore and rescale times.
 
     .venv/bin/python -m benchmarks.snapshots [--entries 1000000] [--p 4] [--repeats 3]
-                                             [--name snapshots]
+                                             [--name snapshots] [--child-timeout 900]
 
 One table-shaped broadcast state of ``--entries`` rows (``item_id`` -> category, price),
 held by ``--p`` tasks. The items table is written with delta-rs (from Arrow built in the
-driver), so nothing before the first checkpoint has warmed Spark's Delta write path.
+driver), so nothing before an application's first checkpoint has warmed Spark's Delta
+write path.
 
-* **first checkpoint of the application** (the pre-registered target, <= 2 x a plain
-  Delta write): the process's first checkpoint, as an application takes it — its
-  runtime has processed its first batch (read the items table, tasks built the state:
-  ``cold_start_full_table_s``), then ``checkpoint`` (p tasks hash their state, one copy
-  of each content written, one Delta commit); no warm-up before it and none dropped:
-  it is ``checkpoint_runs_s[0]``, over the median of the plain writes;
-* **checkpoint** time, ``--repeats`` times in all (each later one into a store of its
-  own, after its runtime's tasks built the state, untimed), and beside them, the same
-  number of times, what a user would do instead: a **plain Delta write** of the same
-  rows (a Spark Delta write of the ``--entries`` rows, each into a new table as each
-  checkpoint is its store's first); the two alternate which goes first (the checkpoint
-  at repeat 0, so the application's first checkpoint precedes every plain write);
-  ``checkpoint_runs_s`` / ``plain_delta_write_runs_s`` and their medians;
+* **first checkpoint of an application** (the pre-registered target, <= 2 x the first
+  plain Delta write of an application): measured symmetrically, each sample a fresh
+  Spark application — a child process (``python -m benchmarks.snapshots --child ...``)
+  with its own local, in-process Spark session (``lakecast.spark.get_spark``, the same
+  configuration as this benchmark's, bound to 127.0.0.1; Spark Connect is not used for
+  the children, so each one is a new application). Both kinds of child first do the
+  same thing, untimed: start the session and run the application's first batch (a
+  ``SnapshottingRuntime`` at p over the items table: its tasks read the items rows and
+  build the state; 4,000 events enriched). Then, timed, each takes its first write of
+  its kind:
+
+  - *checkpoint* child: its FIRST ``checkpoint`` (p tasks hash their state, one copy of
+    each content written, one Delta commit) into a store of its own;
+  - *plain* child: its FIRST plain Spark Delta write of the same rows the checkpoint
+    holds (the ``--entries`` items rows) into a new table.
+
+  Each child prints one JSON line (the timed seconds, and its session start and setup
+  times beside) and exits by itself; the parent bounds each with ``--child-timeout``
+  (the child's process group is killed past it, and the run fails). ``--repeats``
+  samples of each, alternating which goes first (plain, checkpoint; checkpoint, plain;
+  ...); the value is ``median(first checkpoint) / median(first plain write)``
+  (``first_checkpoint_runs_s`` / ``first_plain_write_runs_s``, medians
+  ``first_checkpoint_s`` / ``first_plain_write_s``). The children run before this
+  process starts Spark, one at a time, so none shares the 2 cores with another JVM;
+* in-process (warm) figures, reported beside it and not judged: **checkpoint** time,
+  ``--repeats`` times in this process (each into a store of its own, after its
+  runtime's tasks built the state, untimed), and as many **plain Delta writes** of the
+  same rows (each into a new table); the two alternate which goes first (the checkpoint
+  at repeat 0, so ``checkpoint_runs_s[0]`` is this process's first Spark Delta write);
+  ``checkpoint_runs_s`` / ``plain_delta_write_runs_s`` and their medians
+  ``checkpoint_s`` / ``plain_delta_write_s``;
 * **bytes per checkpoint**: what the checkpoint's Delta commit wrote (content stored once
   by hash + per-task manifest) vs ``p x state size`` (the serialized state of one task
   times p), and vs an actual Flink-style layout (every task's copy written: the same
@@ -49,9 +68,14 @@ of the pre-registered targets (``benchmarks.targets.SNAPSHOTS``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -62,6 +86,8 @@ from typing import Any
 from benchmarks.targets import SNAPSHOTS as BENCH
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+EVENTS = 4000  # events in an application's first batch
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -71,7 +97,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def _items_arrow(n: int) -> Any:
-    """The items rows as Arrow, built in the driver (the same rows as ``rows_df``)."""
+    """The items rows as Arrow, built in the driver (the same rows as ``_rows_df``)."""
     import numpy as np
     import pyarrow as pa
 
@@ -79,6 +105,116 @@ def _items_arrow(n: int) -> Any:
     categories = np.array(["books", "toys", "home", "music"], dtype=object)[ids % 4]
     return pa.table({"item_id": ids, "category": pa.array(categories, pa.string()),
                      "price": (ids % 1000) * 0.25})
+
+
+def _rows_df(spark: Any, n: int) -> Any:
+    """The items rows as a Spark DataFrame (the same rows as ``_items_arrow``)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(n).select(
+        F.col("id").alias("item_id"),
+        F.element_at(F.array(*[F.lit(c) for c in ("books", "toys", "home", "music")]),
+                     (F.col("id") % 4 + 1).cast("int")).alias("category"),
+        (F.col("id") % 1000 * 0.25).alias("price"))
+
+
+def _events(spark: Any, n: int, p: int) -> Any:
+    """The first batch's events (``item_id`` among the ``n`` items)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, EVENTS, 1, p).select(
+        F.col("id").alias("event_id"), (F.col("id") * 7919 % n).alias("item_id"))
+
+
+def _function() -> Any:
+    from lakecast import Lookup, enrich
+
+    return enrich(Lookup("items", key="item_id", columns=["category", "price"]))
+
+
+def _runtime(spark: Any, items: str, store: Any, par: int, restore: bool = True) -> Any:
+    from lakecast.snapshots.runtime import SnapshottingRuntime
+
+    return SnapshottingRuntime(spark, _function(), {"items": items}, store,
+                               parallelism=par, restore=restore,
+                               function_id=f"bench-{uuid.uuid4().hex[:8]}")
+
+
+def _first_batch(rt: Any, events: Any, par: int) -> int:
+    return rt.process(events.repartition(par)).main.count()
+
+
+def _child(side: str, n: int, p: int, out_dir: Path) -> int:
+    """One sample of the first-write measure, in a fresh Spark application (this
+    process): start the session and run the application's first batch (untimed), then
+    time its first write of its kind — ``checkpoint`` or a ``plain`` Delta write of the
+    same rows; print one JSON line."""
+    from lakecast.config import get_settings
+    from lakecast.delta import io as delta_io
+    from lakecast.snapshots.store import SnapshotStore
+    from lakecast.spark import get_spark
+
+    settings = get_settings()
+    t_session, spark = _timed(lambda: get_spark(app_name=f"lakecast-bench-snapshots-{side}"))
+    items = settings.table_path("items")
+    store = SnapshotStore(spark, str(out_dir / "snapshots"), out_dir.name)
+    rt = _runtime(spark, items, store, p, restore=False)
+    t_setup, rows = _timed(lambda: _first_batch(rt, _events(spark, n, p), p))
+    assert rows == EVENTS, rows
+    sample: dict[str, Any] = {"child": side, "session_s": round(t_session, 3),
+                              "first_batch_s": round(t_setup, 3)}
+    if side == "checkpoint":
+        dt, cp = _timed(lambda: rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0))
+        sample["stored_bytes"] = cp.stored_bytes
+    else:
+        path, rows_df = str(out_dir / "plain"), _rows_df(spark, n)
+        dt, version = _timed(lambda: delta_io.write(rows_df, path))
+        sample["stored_bytes"] = int(delta_io.commit_info(path, version, spark)
+                                     .metrics.get("numOutputBytes", 0))
+    sample["seconds"] = dt
+    rt.close()
+    spark.stop()
+    print(json.dumps(sample), flush=True)
+    return 0
+
+
+def _fresh_application(side: str, n: int, p: int, out_dir: Path, timeout: float
+                       ) -> dict[str, Any]:
+    """Run :func:`_child` in a new process (its own local Spark application, in its own
+    process group, killed past ``timeout`` s); its JSON line."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    env["LAKECAST_SPARK_REMOTE"] = ""  # a classic session in the child: a new application
+    cmd = [sys.executable, "-m", "benchmarks.snapshots", "--child", side, "--entries", str(n),
+           "--p", str(p), "--child-dir", str(out_dir)]
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"the {side} child did not finish in {timeout:.0f} s") from None
+    finally:  # anything the child left behind in its group (e.g. a JVM still exiting)
+        for _ in range(60):
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {side} child exited {proc.returncode}:\n"
+                           + "\n".join(stderr.splitlines()[-30:]))
+    for line in reversed(stdout.splitlines()):
+        with contextlib.suppress(ValueError):
+            sample = json.loads(line)
+            if isinstance(sample, dict) and sample.get("child") == side:
+                return sample
+    raise RuntimeError(f"the {side} child printed no result:\n{stdout[-2000:]}")
 
 
 def _cold(spark: Any) -> None:
@@ -119,8 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="snapshots")
     parser.add_argument("--keep", action="store_true", help="keep the scratch lake")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="checkpoints and plain writes timed, alternating (medians)")
+                        help="samples of each side, alternating which goes first (medians)")
+    parser.add_argument("--child-timeout", type=float, default=900.0,
+                        help="seconds a fresh-application child may take")
+    parser.add_argument("--child", choices=("checkpoint", "plain"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return _child(args.child, args.entries, args.p, args.child_dir)
     started = BENCH.start()
 
     root = Path(tempfile.mkdtemp(prefix="lakecast-bench-snapshots-"))
@@ -128,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["LAKECAST_CHECKPOINT_ROOT"] = str(root / "checkpoints")
     from pyspark.sql import functions as F
 
-    from lakecast import Lookup, enrich
     from lakecast.config import get_settings
     from lakecast.delta import io as delta_io
     from lakecast.snapshots.checkpointer import snapshot_path
@@ -137,39 +278,47 @@ def main(argv: list[str] | None = None) -> int:
     from lakecast.spark import get_spark
 
     settings = get_settings()
-    spark = get_spark(app_name="lakecast-bench-snapshots")
     p, n = args.p, args.entries
     items = settings.table_path("items")
-    rows_df = spark.range(n).select(
-        F.col("id").alias("item_id"),
-        F.element_at(F.array(*[F.lit(c) for c in ("books", "toys", "home", "music")]),
-                     (F.col("id") % 4 + 1).cast("int")).alias("category"),
-        (F.col("id") % 1000 * 0.25).alias("price"))
     delta_io.overwrite_arrow(_items_arrow(n), items, create=True)  # delta-rs, not Spark
-    events = spark.range(0, 4000, 1, p).select(
-        F.col("id").alias("event_id"), (F.col("id") * 7919 % n).alias("item_id"))
-    store = SnapshotStore(spark, snapshot_path(settings, "bench"), "bench")
+    out: dict[str, Any] = {"entries": n, "p": p, "cpus": os.cpu_count()}
+    # the judged measure: each sample a fresh application's first write of its kind, the
+    # sides alternating which goes first (plain first at repeat 0); before this process
+    # starts Spark, so no other JVM runs beside a child
+    fresh: dict[str, list[dict[str, Any]]] = {"checkpoint": [], "plain": []}
+    for r in range(args.repeats):
+        for side in (("plain", "checkpoint") if r % 2 == 0 else ("checkpoint", "plain")):
+            sample = _fresh_application(side, n, p, root / f"fresh_{side}{r}",
+                                        args.child_timeout)
+            print(f"fresh application {r} {side}: first write {sample['seconds']:.3f} s "
+                  f"(session {sample['session_s']} s, first batch {sample['first_batch_s']} s)")
+            fresh[side].append(sample)
+    out["first_checkpoint_runs_s"] = [round(s["seconds"], 3) for s in fresh["checkpoint"]]
+    out["first_plain_write_runs_s"] = [round(s["seconds"], 3) for s in fresh["plain"]]
+    out["first_checkpoint_s"] = statistics.median(s["seconds"] for s in fresh["checkpoint"])
+    out["first_plain_write_s"] = statistics.median(s["seconds"] for s in fresh["plain"])
+    out["fresh_application_samples"] = fresh
 
-    def function() -> Any:
-        return enrich(Lookup("items", key="item_id", columns=["category", "price"]))
+    spark = get_spark(app_name="lakecast-bench-snapshots")
+    rows_df = _rows_df(spark, n)
+    events = _events(spark, n, p)
+    store = SnapshotStore(spark, snapshot_path(settings, "bench"), "bench")
 
     def runtime(par: int, restore: bool = True, into: SnapshotStore = store
                 ) -> SnapshottingRuntime:
-        return SnapshottingRuntime(spark, function(), {"items": items}, into,
-                                   parallelism=par, restore=restore,
-                                   function_id=f"bench-{uuid.uuid4().hex[:8]}")
+        return _runtime(spark, items, into, par, restore)
 
     def first_batch(rt: SnapshottingRuntime, par: int) -> int:
-        return rt.process(events.repartition(par)).main.count()
+        return _first_batch(rt, events, par)
 
-    out: dict[str, Any] = {"entries": n, "p": p, "cpus": os.cpu_count()}
     # cold start from the full table (the baseline), then the checkpoint
     rt = runtime(p, restore=False)
     out["cold_start_full_table_s"], rows = _timed(lambda: first_batch(rt, p))
-    assert rows == 4000
-    # the checkpoint and, beside it, what a user would do instead: a plain Delta write of
-    # the same rows (a new table each time, as each checkpoint is the first of its store);
-    # each timed --repeats times, alternating which goes first, medians reported
+    assert rows == EVENTS
+    # in-process (reported, not judged): the checkpoint and, beside it, what a user would
+    # do instead: a plain Delta write of the same rows (a new table each time, as each
+    # checkpoint is the first of its store); each timed --repeats times, alternating which
+    # goes first, medians reported
     checkpoints: list[float] = []
     writes: list[float] = []
     cp: Any = None
@@ -180,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             # the state from the table (untimed), as before the first checkpoint
             into = SnapshotStore(spark, snapshot_path(settings, f"bench{r}"), f"bench{r}")
             rt_r = runtime(p, restore=False, into=into)
-            assert first_batch(rt_r, p) == 4000
+            assert first_batch(rt_r, p) == EVENTS
 
         def checkpoint(rt_r: SnapshottingRuntime = rt_r) -> Any:
             return rt_r.checkpoint(0, batch_id=0, events_start=-1, events_end=0)
@@ -199,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
             rt_r.close()
     out["checkpoint_runs_s"] = [round(t, 3) for t in checkpoints]
     out["plain_delta_write_runs_s"] = [round(t, 3) for t in writes]
-    out["first_checkpoint_s"] = checkpoints[0]  # the application's first: nothing before it
     out["checkpoint_s"] = statistics.median(checkpoints)
     out["plain_delta_write_s"] = statistics.median(writes)
     out["stored_bytes"] = cp.stored_bytes
@@ -247,14 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         rt2 = runtime(par, into=SnapshotStore(spark, store.path, store.pipeline))
         t_driver, _ = _timed(lambda rt2=rt2: rt2.refresh())
         t_tasks, rows = _timed(lambda rt2=rt2, par=par: first_batch(rt2, par))
-        assert rows == 4000 and rt2.restored is not None
+        assert rows == EVENTS and rt2.restored is not None
         out[f"{label}_p"] = par
         out[f"{label}_driver_s"] = round(t_driver, 3)  # read + verify + decode + broadcast
         out[f"{label}_first_batch_s"] = round(t_tasks, 3)  # tasks load the state + process
         out[f"{label}_total_s"] = round(t_driver + t_tasks, 3)
         rt2.close()
-    out["first_checkpoint_vs_plain_write"] = (out["first_checkpoint_s"]
-                                              / out["plain_delta_write_s"])
+    out["first_checkpoint_vs_first_plain_write"] = (out["first_checkpoint_s"]
+                                                    / out["first_plain_write_s"])
     out["checkpoint_vs_plain_write"] = out["checkpoint_s"] / out["plain_delta_write_s"]
     out["restore_vs_plain_read"] = out["restore_total_s"] / out["plain_delta_read_s"]
     out["restore_driver_vs_cold_driver_read"] = out["restore_driver_s"] / min(
