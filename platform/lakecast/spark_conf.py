@@ -92,11 +92,15 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
 
 
 def python_env(settings: Settings) -> dict[str, str]:
-    """Environment of a Spark JVM: Python workers use this interpreter and can import the
-    project's modules; Spark binds to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
+    """Environment of a Spark JVM: Python workers use this interpreter, can import the
+    project's modules and find the same project folder (``LAKECAST_HOME``: a worker's
+    working directory is Spark's, so a module that reads the settings when a task imports it,
+    e.g. a declaration's ``CheckpointPolicy()``, would find no project); Spark binds to
+    loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
     roots = [str(settings.project_root)]
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
+        "LAKECAST_HOME": str(settings.project_root),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(roots + [p for p in current if p not in roots]),
