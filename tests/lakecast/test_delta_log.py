@@ -63,8 +63,10 @@ def test_a_poll_reads_no_commit_a_checkpoint_covers(tmp_path):
     held = log._HANDLES[path]
     _commit(path, _rows(999), meta="tag")
     assert delta_io.latest_version(path) == 140
-    assert log._HANDLES[path] is held  # the new commit was read into the same handle
-    info = delta_io.commit_info(path, 140)
+    assert log._HANDLES[path] is held  # the same handle; the version came from probing
+    assert held.table.version() == 139  # the commit file (no log listing): read lazily
+    info = delta_io.commit_info(path, 140)  # a reader of the snapshot brings it up to date
+    assert held.table.version() == 140
     assert (info.version, info.operation, info.user_metadata) == (140, "WRITE", "tag")
     assert info.metrics["num_added_rows"] == "1"
     assert delta_io.commit_info(path, 139).timestamp_ms <= info.timestamp_ms
@@ -72,6 +74,23 @@ def test_a_poll_reads_no_commit_a_checkpoint_covers(tmp_path):
     with pytest.raises(delta_io.DeltaIOError):
         delta_io.commit_info(path, 141)
     assert delta_io.commit_seconds(path, -1) is None
+
+
+def test_latest_version_probes_a_burst_of_commits_and_readers_see_them(tmp_path):
+    """Several commits between two polls: the probe walks to the newest; a reader of the
+    snapshot after that (row count, commit info) sees every one of them."""
+    path = str(tmp_path / "t")
+    write_deltalake(path, _rows(0), post_commithook_properties=NO_CHECKPOINT)
+    assert delta_io.latest_version(path) == 0
+    for i in range(1, 4):
+        _commit(path, _rows(i), meta=f"m{i}")
+    assert delta_io.latest_version(path) == 3
+    assert log._HANDLES[path].table.version() == 0
+    assert delta_io.commit_info(path, 2).user_metadata == "m2"
+    assert delta_io.row_count(path, 3) == 4
+    _commit(path, _rows(4))
+    assert [delta_io.latest_version(path) for _ in range(2)] == [4, 4]
+    assert delta_io.txn_versions(path, "nobody") == {}
 
 
 def test_a_table_deleted_or_written_anew_at_the_same_path_is_seen(tmp_path):

@@ -4,9 +4,11 @@ files of a version are in :mod:`lakecast.delta.files` (re-exported here).
 
 Nothing here lists or replays ``_delta_log`` by hand: one ``DeltaTable`` handle per table and
 process is kept and brought up to date with ``update_incremental()`` (it reads only the
-commits after the version it holds), so a poll's cost does not grow with the log; on a
-local filesystem, where that call lists the log folder, a poll first checks (``stat``)
-the one file a new commit would create and calls it only when there is one. The one
+commits after the version it holds) when a reader needs its snapshot. On a local
+filesystem, where that call lists the whole log folder, :func:`latest_version` does not
+call it: a Delta commit file appears atomically and versions have no gaps, so it
+``stat`` s the files a new commit would create (``<v+1>.json``, ``<v+2>.json``, ...) and
+the handle catches up later, lazily; a poll's cost does not grow with the log. The one
 exception is :func:`commit_actions`, which reads the one commit file it is asked for
 (``deltalake`` exposes no commit's actions). Paths may be local or object-store URIs:
 ``s3a://`` is read as ``s3://`` with the storage options of
@@ -67,6 +69,9 @@ class _Handle:
     stamp: tuple[int, int] | None  # (inode, mtime_ns) of its version's commit file (local)
     lock: threading.Lock = field(default_factory=threading.Lock)
     infos: dict[int, CommitInfo] = field(default_factory=dict)
+    #: newest version seen by probing commit files (local; >= the table's version): the
+    #: table itself is updated only when a reader needs the snapshot
+    seen: int = -1
 
 
 _HANDLES: dict[str, _Handle] = {}
@@ -87,19 +92,26 @@ def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def _next_commit(path: str, version: int) -> bool:
-    """Whether a local table has a commit file after ``version`` (one ``stat``).
-
-    ``update_incremental`` lists the whole ``_delta_log`` folder on a local filesystem
-    (object stores list from the version on), so a poll first checks the one file that
-    a new commit would create."""
-    return (Path(location(path)[0]) / "_delta_log" / f"{version + 1:020d}.json").exists()
+def _commit_file(path: str, version: int) -> Path:
+    return Path(location(path)[0]) / "_delta_log" / f"{version:020d}.json"
 
 
-def _handle(path: str) -> tuple[_Handle, int] | None:
-    """The up-to-date handle of the table at ``path`` and its version (``None``: no
-    table there). A local handle whose newest commit file changed identity (the table
-    was deleted or written anew) is replaced."""
+def _probe(path: str, version: int) -> int:
+    """The newest version of a local table known to be at least ``version``: ``stat`` s
+    of ``<version+1>.json``, ``<version+2>.json``, ... until one is missing (a commit file
+    appears atomically and versions have no gaps; ``update_incremental`` would list the
+    whole ``_delta_log`` folder on a local filesystem instead)."""
+    while _commit_file(path, version + 1).exists():
+        version += 1
+    return version
+
+
+def _handle(path: str, fresh: bool = True) -> tuple[_Handle, int] | None:
+    """The handle of the table at ``path`` and its newest version (``None``: no table
+    there). ``fresh``: the handle's ``DeltaTable`` is brought to that version (a reader
+    needs the snapshot); else a local table's version comes from probing commit files and
+    the ``DeltaTable`` is left behind. A local handle whose commit file of its version
+    changed identity (the table was deleted or written anew) is replaced."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -112,12 +124,15 @@ def _handle(path: str) -> tuple[_Handle, int] | None:
         with h.lock:  # a DeltaTable is not used from two threads at once
             version = h.table.version()
             if _commit_stamp(path, version) == h.stamp != _MISSING:  # the same table
-                if h.stamp is not None and not _next_commit(path, version):
-                    return h, version  # nothing new: two stats, no listing
+                if h.stamp is not None:  # local: probe the next commit files
+                    h.seen = _probe(path, max(h.seen, version))
+                    if h.seen == version or not fresh:
+                        return h, h.seen  # stats only, no listing
                 try:
                     h.table.update_incremental()  # reads the commits after ``version``
                     version = h.table.version()
                     h.stamp = _commit_stamp(path, version)
+                    h.seen = max(h.seen, version)
                     return h, version
                 except (DeltaError, OSError):
                     pass  # e.g. the log was cut: load it anew
@@ -131,7 +146,7 @@ def _handle(path: str) -> tuple[_Handle, int] | None:
     except (DeltaError, OSError) as e:
         raise read_error(path, e) from e
     version = dt.version()
-    h = _Handle(dt, _commit_stamp(path, version))
+    h = _Handle(dt, _commit_stamp(path, version), seen=version)
     with _HANDLES_LOCK:
         _HANDLES[path] = h
     return h, version
@@ -153,8 +168,9 @@ def table_exists(path: str, spark: SparkSession | None = None) -> bool:
 
 def latest_version(path: str, spark: SparkSession | None = None) -> int | None:
     """Newest committed version of the table at ``path``, or ``None`` if there is none.
-    Reads only the commits after the version seen last (``spark`` is not used)."""
-    found = _handle(path)
+    Local tables: ``stat`` s of the commit files after the version seen last; object
+    stores: the commits after it, read by ``deltalake`` (``spark`` is not used)."""
+    found = _handle(path, fresh=False)
     return None if found is None else int(found[1])
 
 
