@@ -136,6 +136,8 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
         next_status_check = 0.0
         t0 = time.monotonic()
         cold = pipeline.warm_up()  # the first batch then finds its task-local state built
+        # checkpoints run beside the next batches instead of between two of them
+        deferred = pipeline.defer_checkpoints()
         context.log.info(f"task-local state warmed in {time.monotonic() - t0:.1f}s ({cold} "
                          f"task(s) were cold); watching {list(table_versions(decl, settings))}"
                          f" for up to {config.max_seconds:.0f}s")
@@ -165,6 +167,10 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
                 if is_connect(spark):  # do not leave the batch's jobs running on the server
                     spark.interruptAll()
                 raise
+        if deferred:  # the last checkpoint started: the run ends when it is written
+            last = pipeline.settle()
+            if last:
+                context.log.info(f"checkpoint written in the background: {last}")
         totals = run_totals(results)
         if decl.run_metadata is not None:
             totals.update(_numeric(decl.run_metadata(results)))

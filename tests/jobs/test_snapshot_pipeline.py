@@ -344,3 +344,41 @@ def test_damaged_checkpoint_files_are_skipped_and_output_stays_exact(any_spark, 
     assert r5.state_check["restored_from_checkpoint"] == -1
     assert r5.state_check["skipped_checkpoints"] == len(rebuilt.runtime.restore_skipped) >= 5
     _assert_reference(spark, lake, _reference(batches))
+
+
+def test_deferred_checkpoints_hold_the_state_of_their_batch_and_restore_exactly(any_spark, lake):
+    """A continuous run's checkpoints (``defer_checkpoints``) are written in a background
+    thread while the next batches run and the broadcast tables change under them: each
+    one holds the state of the batch it was due at (its content hashes are those the
+    batch's tasks reported before its commit), and a cold start restores the newest one
+    with every output row equal to the pandas reference."""
+    spark = any_spark  # in-process, then over Spark Connect (two threads, one session)
+    batches: list[tuple[int, dict[str, int]]] = []
+    store = SnapshotStore(spark, snapshot_path(lake, "enrichment"), "enrichment")
+    b = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=1, function_id="bg-b")
+    assert b.defer_checkpoints()
+    summaries = []
+    for step in range(4):
+        _inputs(spark, lake, step)
+        batches.append((step, _versions(lake)))
+        (r,) = b.run()
+        assert r.plan.batch_id == step
+        if step == 0:  # started, not waited for: nothing finished yet
+            assert r.checkpoint is None
+        if r.checkpoint:
+            summaries.append(r.checkpoint)
+    last = b.settle()
+    summaries += [last] if last else []
+    assert b.settle() is None
+    headers = {h.checkpoint_id: h for h in store.headers()}
+    assert 0 in headers and set(headers) == {s["checkpoint_id"] for s in summaries}
+    for cid, h in headers.items():  # the state of the batch it was due at
+        assert h.batch_id == cid and h.state_version == batches[cid][1], (cid, h)
+
+    _inputs(spark, lake, 4)
+    batches.append((4, _versions(lake)))
+    cold = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=1, function_id="bg-b2")
+    (r4,) = cold.run()
+    assert cold.runtime.restored.header.checkpoint_id == max(headers)
+    assert r4.state_check["restored_from_checkpoint"] == max(headers)
+    _assert_reference(spark, lake, _reference(batches))

@@ -7,9 +7,8 @@ since the last committed batch, as one or more batches:
    current versions (the state version) are logged first
    (:class:`~lakecast.pipeline.progress.ProgressLog`); a planned but uncommitted batch
    from a crashed run is redone with exactly its plan;
-2. **read** the new events (the events table is append-only: the inserts of its
-   Change Data Feed in the range; the first batch reads the table as of
-   ``events_end``);
+2. **read** the new events (the events table is append-only: the inserts of its Change
+   Data Feed in the range; the first batch reads the table as of ``events_end``);
 3. **validate**: rows a validator marks with a ``_reason`` go to the rejected
    side table with their reason and raw record — never dropped, never a crash; so do
    valid rows whose key an earlier batch accepted (``spec.dedup``, :mod:`.dedup`);
@@ -64,7 +63,7 @@ COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
-#: a batch's held set before it ran (``None``: none) and its event columns
+#: a batch's held set before it ran (``None``: none), its event columns
 Held = tuple["pa.Table | None", list[str]] | None
 
 
@@ -102,14 +101,8 @@ class PipelineSpec:
     def output_tables(self) -> list[str]:
         """Every table a batch writes (main, side outputs, rejected, keyed state): the
         tables a rewind rolls back."""
-        tables = [self.output_table, *self.side_outputs.values()]
-        if self.rejected_table:
-            tables.append(self.rejected_table)
-        if self.state_table:
-            tables.append(self.state_table)
-        if self.held_table:
-            tables.append(self.held_table)
-        return tables
+        extra = (self.rejected_table, self.state_table, self.held_table)
+        return [self.output_table, *self.side_outputs.values(), *(t for t in extra if t)]
 
 
 class MicroBatchPipeline:
@@ -462,6 +455,17 @@ class MicroBatchPipeline:
         if self.validator is not None:
             events = self.validator(events).drop(REASON_COLUMN)
         return int(warm(events, last.broadcast_versions))
+
+    def defer_checkpoints(self) -> bool:
+        """Let the runtime checkpoint in the background (a continuous run: the next batches
+        do not wait); whether it can. Call :meth:`settle` before the process ends."""
+        defer = getattr(self.runtime, "defer_checkpoints", None)
+        return defer is not None and defer() is None
+
+    def settle(self) -> Mapping[str, Any] | None:
+        """Wait for the runtime's background work (a checkpoint); its summary, if any."""
+        settle = getattr(self.runtime, "settle", None)
+        return settle() if settle is not None else None
 
     # -- driver ---------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +188,8 @@ class SnapshottingRuntime(BroadcastRuntime):
         self._restore_report: dict[str, Any] | None = None
         self._verified: tuple[int, str, str, list[ManifestRow]] | None = None
         self._restoring = False
+        self._background: ThreadPoolExecutor | None = None
+        self._inflight: Future[dict[str, Any]] | None = None
 
     @property
     def task_parallelism(self) -> int:
@@ -296,24 +299,38 @@ class SnapshottingRuntime(BroadcastRuntime):
         """Checkpoint every task's broadcast state (see the module doc); one Delta commit.
         ``manifest``: the tasks' hashes of this state, when :meth:`before_commit` took
         them (else a manifest job runs first)."""
-        from lakecast.delta import io as delta_io
-
         p = parallelism or self.task_parallelism
         manifest = self.task_manifest(p) if manifest is None else manifest
+        return self._write_checkpoint(self._capture(p), checkpoint_id, batch_id,
+                                      events_start, events_end, manifest)
+
+    def _capture(self, parallelism: int) -> _Captured:
+        """What a checkpoint of the current state needs, fixed now (a checkpoint taken in
+        the background must not see the state the next batches move to)."""
+        return _Captured(self.task_plan(), dict(self.version), parallelism,
+                         {t: schema_to_b64(s) for t, s in self.table_schemas.items()})
+
+    def _write_checkpoint(self, at: _Captured, checkpoint_id: int, batch_id: int,
+                          events_start: int, events_end: int,
+                          manifest: list[ManifestRow]) -> CheckpointResult:
+        """The content job and the one Delta commit of a checkpoint of state ``at``."""
+        from lakecast.delta import io as delta_io
+
+        p = at.parallelism
         states = declared_states(self.user_function)
         writers = self.check_divergence(manifest, p, checkpoint_id)
         created = now_ms()
         header = CheckpointHeader(
             checkpoint_id=checkpoint_id, pipeline=self.store.pipeline, batch_id=batch_id,
             events_start=events_start, events_end=events_end,
-            state_version=dict(self.version), parallelism=p, states=states,
-            table_schemas={t: schema_to_b64(s) for t, s in self.table_schemas.items()},
+            state_version=at.version, parallelism=p, states=states,
+            table_schemas=at.schemas,
             function=f"{type(self.user_function).__module__}."
                      f"{type(self.user_function).__qualname__}",
             created_at_ms=created, format=FORMAT,
         )
         content = (self.spark.range(0, p, 1, p)
-                   .mapInArrow(content_task(self.task_plan(), checkpoint_id, writers, created),
+                   .mapInArrow(content_task(at.plan, checkpoint_id, writers, created),
                                _spark_schema()))
         rows = content.unionByName(self.store.small_rows(header, manifest))
         version = self.store.write(header, rows)
@@ -349,6 +366,39 @@ class SnapshottingRuntime(BroadcastRuntime):
         return writers
 
     # -- the runtime contract's hooks (lakecast.pipeline.contract.BatchRuntime) ---------
+    # -- checkpoints in the background -------------------------------------------------
+    def defer_checkpoints(self) -> None:
+        """Take each due checkpoint in a background thread from now on, so the next batches
+        do not wait for it (a continuous run); the check that every task holds the same
+        state (:meth:`before_commit`) still runs before the batch is written. No second
+        checkpoint starts while one runs; a failed one is raised by the next
+        :meth:`after_commit` or by :meth:`settle`. A process that dies meanwhile leaves
+        no checkpoint (one Delta commit holds all of it): restore uses the one before."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="lakecast-checkpoint")
+
+    def settle(self) -> Mapping[str, Any] | None:
+        """Wait for a checkpoint taken in the background; its summary (``None``: none
+        was running). Raises its error if it failed."""
+        if self._inflight is None:
+            return None
+        future, self._inflight = self._inflight, None
+        return future.result()
+
+    def _running(self) -> bool:
+        return self._inflight is not None and not self._inflight.done()
+
+    def _due(self, plan: BatchPlan) -> bool:
+        cp = self.checkpointer
+        return cp is not None and not self._running() and cp.due(plan)
+
+    def close(self) -> None:
+        """Wait for a checkpoint running in the background, then release the chain."""
+        try:
+            self.settle()
+        finally:
+            super().close()
+
     def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
         """Before anything of the batch is written: if the batch will be checkpointed, each
         task hashes its state (the manifest job) and tasks that disagree fail the batch
@@ -356,9 +406,8 @@ class SnapshottingRuntime(BroadcastRuntime):
         state and tasks). Returns what it checked, plus (once) what the cold start
         restored and skipped."""
         report, self._restore_report = dict(self._restore_report or {}), None
-        cp = self.checkpointer
         self._verified = None
-        if cp is None or not cp.due(plan):
+        if not self._due(plan):
             return report or None
         p = self.task_parallelism
         manifest = self.task_manifest(p)
@@ -380,26 +429,50 @@ class SnapshottingRuntime(BroadcastRuntime):
         return used
 
     def after_commit(self, plan: BatchPlan) -> Mapping[str, Any] | None:
-        """Checkpoint when the checkpointer says the batch is due; returns its summary."""
+        """Checkpoint when the checkpointer says the batch is due; returns its summary.
+        With :meth:`defer_checkpoints`: starts it in the background and returns the
+        summary of one that finished since (raising its error if it failed)."""
+        done = self.settle() if self._inflight is not None and not self._running() else None
         cp = self.checkpointer
-        if cp is None or not cp.due(plan):
-            return None
+        if cp is None or not self._due(plan):
+            return done
         v = self._verified
         manifest = v[3] if v is not None and v[:3] == (
             plan.batch_id, self.function_id, self._chain_key()) else None
         self._verified = None
-        result = self.checkpoint(plan.batch_id, batch_id=plan.batch_id,
-                                 events_start=plan.events_start, events_end=plan.events_end,
-                                 manifest=manifest)
-        cp.record(result, self.pinned_checkpoints())
-        return describe(result)
+        p = self.task_parallelism
+        if manifest is None:
+            manifest = self.task_manifest(p)
+        at, pinned = self._capture(p), self.pinned_checkpoints()
+
+        def take() -> dict[str, Any]:
+            result = self._write_checkpoint(at, plan.batch_id, plan.batch_id,
+                                            plan.events_start, plan.events_end, manifest)
+            cp.record(result, pinned)
+            return describe(result)
+
+        if self._background is None:
+            return take()
+        self._inflight = self._background.submit(take)
+        return done
 
     def on_rewind(self, plan: BatchPlan) -> None:
         """Pin the next cold start to the rewind's checkpoint, in fresh task caches."""
         assert plan.restore_of is not None
+        self.settle()
         self.request_restore(plan.restore_of)
         if self.checkpointer is not None:
             self.checkpointer.sync()
+
+
+@dataclass(frozen=True)
+class _Captured:
+    """The state a checkpoint writes, fixed when it is due."""
+
+    plan: TaskPlan
+    version: dict[str, int]
+    parallelism: int
+    schemas: dict[str, str]
 
 
 def _spark_schema() -> Any:
