@@ -41,11 +41,7 @@ from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.delta.log import DeltaIOError, commit_info
 from lakecast.delta.source import latest_versions, read_broadcast_elements
 from lakecast.pipeline.contract import TASK_SIDE
-from lakecast.runtime.executor import (
-    VERSION_COLUMN,
-    OutputLayout,
-    version_json,
-)
+from lakecast.runtime.executor import OutputLayout, version_json
 from lakecast.runtime.joins import not_joinable, plan_joins
 from lakecast.runtime.metrics import (
     BUDGET_FIX,
@@ -253,7 +249,6 @@ class BroadcastRuntime:
 
         Returns a lazy :class:`BroadcastResult`; nothing runs until an action.
         """
-        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
         t0 = time.perf_counter()
@@ -284,12 +279,13 @@ class BroadcastRuntime:
             )
         spark_schema = from_arrow_schema(task_layout.schema, prefer_timestamp_ntz=False)
         frame = events.mapInArrow(_task_function(plan), spark_schema)
-        if layout.lineage:  # the last column of the layout: one withColumn
+        # lineage: the views add the version as a literal last, above the filter and the
+        # observation, so the tasks' rows are projected once on their way to the sink
+        version = None
+        if layout.lineage:
             version = plan.chain[-1].to_key if plan.chain else version_json({})
-            frame = frame.withColumn(VERSION_COLUMN, F.lit(version))
-        return BroadcastResult(
-            frame, layout, dict(self.version), new, self.state_budget_bytes, refresh_s
-        )
+        return BroadcastResult(frame, layout, dict(self.version), new,
+                               self.state_budget_bytes, refresh_s, version_literal=version)
 
     def _process_joins(self, events: DataFrame, until: Mapping[str, int] | None,
                        t0: float) -> BroadcastResult:

@@ -39,6 +39,9 @@ class BroadcastResult:
     new_elements: list[BroadcastElement]
     budget_bytes: int
     refresh_seconds: float = 0.0
+    #: the state version as lineage JSON when the frame leaves ``_state_version`` to the
+    #: views (they add it as a literal last: one projection of the rows to the sink)
+    version_literal: str | None = None
     _persisted: bool = field(default=False, repr=False)
     _task_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
     _observation: Any = field(default=None, repr=False)
@@ -53,8 +56,16 @@ class BroadcastResult:
 
         # the frame is main columns, _output, side structs, _state_version: dropping the
         # tag and struct columns is one call (a select would cost several per column)
-        return self.frame.where(F.col(OUTPUT_COLUMN).isNull()).drop(
-            OUTPUT_COLUMN, *[SIDE_PREFIX + n for n in self.layout.sides])
+        return self._versioned(self.frame.where(F.col(OUTPUT_COLUMN).isNull()).drop(
+            OUTPUT_COLUMN, *[SIDE_PREFIX + n for n in self.layout.sides]))
+
+    def _versioned(self, frame: DataFrame) -> DataFrame:
+        """``frame`` with the ``_state_version`` literal (when the frame leaves it out)."""
+        from pyspark.sql import functions as F
+
+        if self.version_literal is None:
+            return frame
+        return frame.withColumn(VERSION_COLUMN, F.lit(self.version_literal))
 
     def side(self, tag: OutputTag | str) -> DataFrame:
         """Rows of side output ``tag``."""
@@ -68,7 +79,8 @@ class BroadcastResult:
         names = [f"{struct}.`{n}`" for n in self.layout.sides[name].names]
         cols = [F.col(n).alias(n.split(".", 1)[1].strip("`")) for n in names]
         if self.layout.lineage:
-            cols.append(F.col(VERSION_COLUMN))
+            cols.append(F.col(VERSION_COLUMN) if self.version_literal is None
+                        else F.lit(self.version_literal).alias(VERSION_COLUMN))
         return self.frame.where(F.col(OUTPUT_COLUMN) == F.lit(name)).select(*cols)
 
     @property
@@ -122,7 +134,7 @@ class BroadcastResult:
         """Run the batch (one Spark action) and bring every output to the driver as
         Arrow, with the rows of ``extra`` (e.g. the rejected events) from the same job;
         the tasks' accounting rows are kept for :meth:`metrics`."""
-        frame, sides = self.frame, dict(self.layout.sides)
+        frame, sides = self._versioned(self.frame), dict(self.layout.sides)
         if extra is not None:
             frame, sides[EXTRA] = with_extra(frame, extra)
         out = split_outputs(frame.toArrow(), sides, self.layout.lineage)
