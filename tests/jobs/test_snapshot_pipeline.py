@@ -382,3 +382,36 @@ def test_deferred_checkpoints_hold_the_state_of_their_batch_and_restore_exactly(
     assert cold.runtime.restored.header.checkpoint_id == max(headers)
     assert r4.state_check["restored_from_checkpoint"] == max(headers)
     _assert_reference(spark, lake, _reference(batches))
+
+
+def test_a_background_checkpoint_that_fails_is_raised_with_what_it_leaves(spark, lake):
+    """A checkpoint written in the background whose Delta write fails (the snapshot table
+    was replaced by one of another schema) does not undo the batch it was due at: that
+    batch is committed; ``settle`` raises a SnapshotError naming the pipeline, the
+    checkpoint, the table and the fix, with Delta's error as its cause."""
+    from lakecast.snapshots.errors import SnapshotError
+
+    path = snapshot_path(lake, "enrichment")
+    b = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=1, function_id="bg-f")
+    assert b.defer_checkpoints()
+    _inputs(spark, lake, 0)
+    (r0,) = b.run()
+    assert b.settle()["checkpoint_id"] == 0
+    # a real Delta table of another schema where the snapshot table was: the next
+    # checkpoint's append (only that) fails in Delta's schema check
+    (spark.range(3).selectExpr("id AS other").write.format("delta").mode("overwrite")
+     .option("overwriteSchema", "true").save(path))
+    _inputs(spark, lake, 1)
+    (r1,) = b.run()
+    assert r1.plan.batch_id == 1
+    with pytest.raises(SnapshotError) as err:
+        b.settle()
+    text = str(err.value)
+    assert "'enrichment'" in text and "checkpoint 1" in text and path in text
+    assert "already committed" in text and "restart the run" in text
+    assert err.value.__cause__ is not None  # Delta's own error, kept as the cause
+    assert b.settle() is None  # raised once
+    # the batch the checkpoint was due at is committed: its events are in the output
+    events = delta_io.read(spark, lake.table_path(ml.EVENTS)).count()
+    out = _outputs(spark, lake)
+    assert sum(len(out[t]) for t in OUTPUTS) == events

@@ -453,8 +453,24 @@ class SnapshottingRuntime(BroadcastRuntime):
 
         if self._background is None:
             return take()
-        self._inflight = self._background.submit(take)
+        self._inflight = self._background.submit(self._in_background, take, plan.batch_id)
         return done
+
+    def _in_background(self, take: Any, batch_id: int) -> dict[str, Any]:
+        """Run ``take`` (a checkpoint) in the background thread; a failure becomes a
+        :class:`SnapshotError` that says what it leaves (the batch is committed)."""
+        try:
+            return take()
+        except SnapshotError:
+            raise
+        except Exception as e:  # raised to the run by settle() / the next after_commit
+            raise SnapshotError(
+                f"pipeline {self.store.pipeline!r}: checkpoint {batch_id} (due at batch "
+                f"{batch_id}, already committed) failed in the background writing "
+                f"{self.store.path}: {type(e).__name__}: {str(e).splitlines()[0][:400]}. "
+                f"Nothing of it was committed (one Delta commit holds a checkpoint), so a "
+                f"restore uses the checkpoint before it; fix the snapshot table (or move it "
+                f"aside) and restart the run: its next due batch checkpoints again") from e
 
     def on_rewind(self, plan: BatchPlan) -> None:
         """Pin the next cold start to the rewind's checkpoint, in fresh task caches."""
