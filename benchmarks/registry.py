@@ -108,6 +108,28 @@ class Start:
     load_average: tuple[float, float, float]
     monotonic: float
     date: str
+    #: (stolen, total) CPU time of the machine so far (``/proc/stat``; ``None`` elsewhere)
+    cpu: tuple[int, int] | None = None
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(stolen, total) CPU jiffies of this machine since boot, from ``/proc/stat``: time a
+    virtual machine's host gave to others is time every side of a benchmark lost."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is counted in user)
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_fraction(start: tuple[int, int] | None, end: tuple[int, int] | None
+                   ) -> float | None:
+    """The share of the machine's CPU time its host took between ``start`` and ``end``."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round((end[0] - start[0]) / (end[1] - start[1]), 4)
 
 
 @dataclass(frozen=True)
@@ -127,7 +149,8 @@ class Benchmark:
     def start(self) -> Start:
         """Call before anything runs: the load average then, and the start time (kept
         for :meth:`report` too)."""
-        started = Start(os.getloadavg(), time.monotonic(), datetime.now(UTC).isoformat())
+        started = Start(os.getloadavg(), time.monotonic(), datetime.now(UTC).isoformat(),
+                        cpu_times())
         _STARTS[self.name] = started
         return started
 
@@ -160,14 +183,19 @@ class Benchmark:
             "benchmark": self.name, "command": " ".join([self.command, *sys.argv[1:]]),
             "cores": os.cpu_count(), "load_average_before_start": list(start.load_average),
             "git_commit": git_commit(), "date": start.date,
-            "wall_seconds": round(time.monotonic() - start.monotonic, 1)}
+            "wall_seconds": round(time.monotonic() - start.monotonic, 1),
+            # CPU time the VM's host took during the run (every side lost it alike)
+            "cpu_steal_fraction": steal_fraction(start.cpu, cpu_times())}
         out_dir = results_dir or RESULTS
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{name or self.name}.json"
         path.write_text(json.dumps(result, indent=2, default=str))
+        steal = result["run"]["cpu_steal_fraction"]
         print(f"{self.name}: pre-registered targets "
               f"(load average before start {start.load_average[0]:.2f}, "
-              f"{os.cpu_count()} cores)")
+              f"{os.cpu_count()} cores"
+              + ("" if steal is None else f", {steal:.1%} of the CPU time stolen by the host")
+              + ")")
         for r in rows:
             value = "-" if r["value"] is None else f"{r['value']:.3f}"
             print(f"  {r['verdict']:7s} {r['measure']}: {value} {r['unit']} "

@@ -322,6 +322,9 @@ def run_lines(data: dict[str, Any]) -> list[str]:
             shown = [f"{x:.2f}" if isinstance(x, int | float) else md_text(str(x))
                      for x in load]
             machine += f", load average before start {' / '.join(shown)} (1 / 5 / 15 min)"
+        steal = run.get("cpu_steal_fraction")
+        if isinstance(steal, int | float):
+            machine += f", {steal:.1%} of the CPU time taken by the VM's host during the run"
     else:
         found = _find(data, ("machine", "host", "hostname", "platform", "cpu"))
         machine = md_text(str(found)) if found else "not recorded"

@@ -163,12 +163,17 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
                         continue
                     record_batch(context, decl, settings, done[0])
                     results += done
-            except BaseException:
+            except BaseException as e:
                 if is_connect(spark):  # do not leave the batch's jobs running on the server
                     spark.interruptAll()
+                if isinstance(e, LakecastError):  # e.g. a checkpoint that failed behind
+                    raise Failure(description=str(e)) from e
                 raise
         if deferred:  # the last checkpoint started: the run ends when it is written
-            last = pipeline.settle()
+            try:
+                last = pipeline.settle()
+            except LakecastError as e:
+                raise Failure(description=str(e)) from e
             if last:
                 context.log.info(f"checkpoint written in the background: {last}")
         totals = run_totals(results)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -52,6 +53,8 @@ def test_report_writes_value_target_verdict_sides_rule_and_run(tmp_path, capsys)
     assert run["command"].startswith("python -m benchmarks.demo")
     assert run["date"] == start.date
     assert run["git_commit"] is None or len(run["git_commit"].split("+")[0]) == 40
+    # this machine (Linux) reports the host's share of the CPU time during the run
+    assert run["cpu_steal_fraction"] is None or 0 <= run["cpu_steal_fraction"] <= 1
     printed = capsys.readouterr().out
     assert "FAIL    ratio_x: 1.400 x (target <= 1.2; vs F.broadcast)" in printed
     assert "NOT RUN throughput" in printed
@@ -151,3 +154,14 @@ def test_a_target_change_carries_its_sentence():
     assert all(isinstance(m.history, tuple) for b in targets.ALL for m in b.measures)
     with pytest.raises(TypeError, match="history"):
         Measure("m", 1.0, "<=", "s", "side", history="one sentence, not a tuple")  # type: ignore[arg-type]
+
+
+def test_steal_fraction_is_the_stolen_share_of_the_cpu_time_between_two_readings():
+    from benchmarks.registry import cpu_times, steal_fraction
+
+    assert steal_fraction((100, 1_000), (150, 2_000)) == 0.05
+    assert steal_fraction((100, 1_000), (100, 1_000)) is None  # no time passed
+    assert steal_fraction(None, (1, 2)) is None
+    now = cpu_times()
+    if os.path.exists("/proc/stat"):  # Linux: stolen <= total, both counted since boot
+        assert now is not None and 0 <= now[0] <= now[1]
