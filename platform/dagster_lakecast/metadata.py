@@ -5,8 +5,9 @@ plots per batch: ``events`` (read), ``outputs`` (main output rows), ``side_outpu
 (all side outputs; ``side_<name>`` each), ``rejected``, ``latency_seconds`` (commit of the
 batch's oldest events version -> commit of its main output), ``lag_versions`` and
 ``lag_seconds`` (events versions committed after the batch's range when it was recorded,
-and how long ago the oldest of them committed), ``batch_seconds``, the age of the applied
-broadcast versions (``broadcast_age_seconds``, ``broadcast_stale_seconds``,
+and how long ago the oldest of them committed), ``batch_seconds`` and its phases
+(``phase_<name>_seconds``: :attr:`~lakecast.pipeline.batch_result.BatchResult.phases`),
+the age of the applied broadcast versions (``broadcast_age_seconds``, ``broadcast_stale_seconds``,
 ``broadcast_versions_behind``: :mod:`dagster_lakecast.broadcast_age`), ``state_bytes_per_task`` and
 ``state_bytes_total`` (x ``parallelism``), plus ``batch_rows`` and
 ``dagster/row_count`` per asset (from the Delta log's statistics, no scan). A declaration's
@@ -116,6 +117,7 @@ def batch_metadata(
         "lag_versions": lag_versions,
         "lag_seconds": lag_seconds,
         "batch_seconds": round(result.seconds, 3),
+        **{f"phase_{k}_seconds": round(v, 3) for k, v in result.phases.items()},
         "redone": result.redone,
         "parallelism": result.parallelism,
         "cold_tasks": result.cold_tasks,
@@ -161,6 +163,8 @@ def log_batch(log: Any, r: BatchResult) -> None:
         f"batch {r.plan.batch_id}{' (redone)' if r.redone else ''}: events versions "
         f"({r.plan.events_start}, {r.plan.events_end}] state {r.state_version} "
         f"counts {r.counts} in {r.seconds:.1f}s"
+        + (" (" + ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items()) + ")"
+           if r.phases else "")
     )
     for ref in r.refused_versions:
         log.warning(f"refused {ref['table']}@v{ref['version']}: " + "; ".join(ref["reasons"]))

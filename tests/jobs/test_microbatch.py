@@ -39,6 +39,10 @@ def _check(got: pd.DataFrame, want: pd.DataFrame, cols: list[str]) -> None:
     pd.testing.assert_frame_equal(g, w, check_dtype=False)
 
 
+#: a batch's phases, in order (BatchResult.phases)
+PHASES = ("plan", "read", "state", "job", "check", "write", "commit", "after_commit")
+
+
 def test_end_to_end_across_two_broadcast_versions(spark, lake):
     ml.build(spark, lake)
     batch1 = ml.events(0, 60, seed=1)
@@ -59,6 +63,12 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     assert meta[ENRICHMENT_REJECTED]["dagster/row_count"].value == len(want1["rejected"])
     assert meta[ENRICHED_EVENTS]["state_budget_bytes"].value == 100 * 1024 * 1024
     assert meta[ENRICHED_EVENTS]["state_over_budget"].value is False
+    # the batch's time, phase by phase: each phase timed once, in order, adding up to it
+    phases = {k[len("phase_"):-len("_seconds")]: v.value for k, v in meta[ENRICHED_EVENTS].items()
+              if k.startswith("phase_")}
+    assert list(phases) == list(PHASES) and min(phases.values()) >= 0
+    assert abs(meta[ENRICHED_EVENTS]["batch_seconds"].value - sum(
+        v for k, v in phases.items() if k != "after_commit")) < 0.01
     # the batch's state metadata, each against what it describes
     m = {k: v.value for k, v in meta[ENRICHED_EVENTS].items()}
     tables = {t: lake.table_path(t) for t in ENRICHMENT.broadcast_tables}
@@ -97,6 +107,8 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     assert [r.plan.batch_id for r in results] == [1]
     r = results[0]
     assert r.state_version == {"dim_products": 0, "user_segments": 1, "feature_flags": 1}
+    assert list(r.phases) == list(PHASES)  # the Spark path times the same phases
+    assert abs(r.seconds - sum(v for k, v in r.phases.items() if k != "after_commit")) < 0.01
     assert r.counts["events_in"] == len(batch2)
     assert r.counts["events_in"] == r.counts["enriched"] + r.counts["unmatched"] + r.counts[
         "rejected"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,29 @@ class BatchResult:
     #: the cross-batch dedup's lookup: ``watermark`` (ISO), ``retained`` events, ``keys``
     #: found (empty without a dedup or before any commit)
     dedup: dict[str, Any] = field(default_factory=dict)
+    #: seconds per phase of the batch, in order (:class:`Laps`): ``plan``, ``read``,
+    #: ``state`` (the runtime's broadcast refresh), ``job`` (the Spark job(s) computing the
+    #: outputs and counts), ``check``, ``write``, ``commit``, ``after_commit``
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def events_in(self) -> int:
         return self.counts["events_in"]
+
+
+class Laps:
+    """A batch's stopwatch: :meth:`lap` closes the phase that ran since the last lap."""
+
+    def __init__(self) -> None:
+        self.start = self._last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        """Add the time since the last lap (or the start) to ``phase``."""
+        now = time.perf_counter()
+        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + now - self._last, 4)
+        self._last = now
+
+    def total(self) -> float:
+        """Seconds since the start."""
+        return time.perf_counter() - self.start

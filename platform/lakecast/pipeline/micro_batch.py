@@ -34,24 +34,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
 from lakecast.errors import LakecastError
 from lakecast.pipeline.batch_result import BatchResult as BatchResult
+from lakecast.pipeline.batch_result import Laps
 from lakecast.pipeline.contract import BatchRuntime, CollectableOutput
 from lakecast.pipeline.dedup import CROSS_BATCH_DUPLICATES as CROSS_BATCH_DUPLICATES
 from lakecast.pipeline.dedup import LATE_EVENTS as LATE_EVENTS
-from lakecast.pipeline.dedup import DedupLookup, DedupSpec, Prior, rejected_counts
+from lakecast.pipeline.dedup import DedupLookup, Prior, rejected_counts
 from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
 from lakecast.pipeline.events import read_new_events, rejected_rows
 from lakecast.pipeline.faults import crash_point
 from lakecast.pipeline.held import HELD_SIDE, UNMATCHED_SIDE, HeldEvents, HeldOutcome
 from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog, bounded_versions
 from lakecast.pipeline.rewind import finish_rewind
+from lakecast.pipeline.spec import PipelineSpec as PipelineSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,36 +74,6 @@ class ConcurrentRunError(LakecastError):
 
 class ReconciliationError(LakecastError):
     """A batch's output counts do not add up to its input count."""
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """Tables of a pipeline. ``side_outputs`` maps side output name → Delta table name."""
-
-    name: str
-    events_table: str
-    broadcast_tables: tuple[str, ...]
-    output_table: str
-    side_outputs: Mapping[str, str] = field(default_factory=dict)
-    rejected_table: str | None = None
-    max_versions_per_batch: int | None = None
-    #: a table the runtime writes in ``commit_state`` (e.g. a keyed function's state,
-    #: :mod:`lakecast.runtime.keyed`): versioned with the outputs, rolled back with them
-    state_table: str | None = None
-    #: reject valid events whose key an earlier batch accepted (:mod:`.dedup`)
-    dedup: DedupSpec | None = None
-    #: keep the events the function holds here and offer them again to each following
-    #: batch, until their state arrives or ``hold_timeout`` (by plan time) sends them to
-    #: the ``unmatched`` side output (:mod:`.held`)
-    held_table: str | None = None
-    hold_timeout: timedelta = timedelta(0)
-
-    @property
-    def output_tables(self) -> list[str]:
-        """Every table a batch writes (main, side outputs, rejected, keyed state): the
-        tables a rewind rolls back."""
-        extra = (self.rejected_table, self.state_table, self.held_table)
-        return [self.output_table, *self.side_outputs.values(), *(t for t in extra if t)]
 
 
 class MicroBatchPipeline:
@@ -215,7 +186,7 @@ class MicroBatchPipeline:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        t0 = time.perf_counter()
+        laps = Laps()
         if not redone:
             self.log.write_plan(plan)
             logged = self.log.pending()
@@ -227,6 +198,7 @@ class MicroBatchPipeline:
                     f"({logged}); only one run of a pipeline may be active at a time"
                 )
         crash_point("planned", plan.batch_id)
+        laps.lap("plan")
         events, n_logged = self.read_events(plan)
         collect = (not self.spec.state_table and n_logged is not None
                    and n_logged <= self.collect_max_rows)
@@ -262,15 +234,18 @@ class MicroBatchPipeline:
             if held[0] is not None:
                 valid = self.held.offer(valid, held[0])
         crash_point("read", plan.batch_id)
+        laps.lap("read")
         result = self.runtime.process_batch(valid, plan)
+        laps.lap("state")
         try:
             if collect and isinstance(result, CollectableOutput):
-                state_check = self._collected(result, rejected, counts, plan, held)
+                state_check = self._collected(result, rejected, counts, plan, held, laps)
             else:
                 if rejected is not None and "rejected" not in counts:  # not collectable
                     by = dict(rejected.groupBy(REASON_COLUMN).count().collect())
                     counts.update(rejected=sum(by.values()), **rejected_counts(self.dedup, by))
-                state_check = self._distributed(result.persist(), rejected, counts, plan, held)
+                state_check = self._distributed(result.persist(), rejected, counts, plan, held,
+                                                laps)
             metrics = result.metrics()
         finally:
             result.unpersist()
@@ -280,9 +255,10 @@ class MicroBatchPipeline:
         output_versions = self.output_versions()
         self.log.write_commit(BatchCommit(plan.batch_id, counts,
                                           output_versions=output_versions))
+        laps.lap("commit")
         summary = metrics.summary()
         batch = BatchResult(
-            plan, counts, time.perf_counter() - t0, redone,
+            plan, counts, laps.total(), redone,
             state_version=dict(result.state_version),
             broadcast_elements=len(result.new_elements),
             broadcast_rows=sum(e.num_rows for e in result.new_elements),
@@ -302,7 +278,8 @@ class MicroBatchPipeline:
             dedup={} if prior is None else prior.summary(),
         )
         checkpoint = self.runtime.after_commit(plan)
-        return replace(batch, checkpoint=checkpoint) if checkpoint else batch
+        laps.lap("after_commit")
+        return replace(batch, checkpoint=checkpoint or None, phases=laps.seconds)
 
     def _prior(self, plan: BatchPlan) -> Prior | None:
         """What the dedup checks the batch against: the accepted events as of the output
@@ -357,11 +334,12 @@ class MicroBatchPipeline:
             )
 
     def _collected(self, result: Any, rejected: DataFrame | None, counts: dict[str, int],
-                   plan: BatchPlan, held: Held) -> Mapping[str, Any] | None:
+                   plan: BatchPlan, held: Held, laps: Laps) -> Mapping[str, Any] | None:
         """A small batch: one job for the outputs and the rejected rows, then Arrow counts
         and delta-rs writes."""
         out = result.collect(None if rejected is None
                              else rejected_rows(rejected, plan, REASON_COLUMN))
+        laps.lap("job")
         bad = out.extra
         if bad is not None:
             counts["rejected"] = bad.num_rows
@@ -372,15 +350,17 @@ class MicroBatchPipeline:
         self._reconcile(out.output_counts(), out.task_rows, result.summary(), counts, plan,
                         settled)
         state_check = self.runtime.before_commit(result, plan)
+        laps.lap("check")
         sides = out.sides if settled is None or self.held is None else self.held.route(
             out.sides, settled, arrow=True)
         self._write_outputs(self._append, out.main, sides,
                             bad if bad is not None and bad.num_rows else None, plan, settled)
         self.runtime.commit_state(result)
+        laps.lap("write")
         return state_check
 
     def _distributed(self, result: Any, rejected: DataFrame | None, counts: dict[str, int],
-                     plan: BatchPlan, held: Held) -> Mapping[str, Any] | None:
+                     plan: BatchPlan, held: Held, laps: Laps) -> Mapping[str, Any] | None:
         """A large batch: counted by Spark actions, written by Spark jobs (the held
         events are brought to the driver)."""
         names = result.side_output_names
@@ -388,7 +368,9 @@ class MicroBatchPipeline:
                                else None, held, plan)
         self._reconcile(result.output_counts(), result.task_rows(), result.summary(),
                         counts, plan, settled)
+        laps.lap("job")
         state_check = self.runtime.before_commit(result, plan)
+        laps.lap("check")
         bad = None if rejected is None else rejected_rows(rejected, plan, REASON_COLUMN)
         if bad is not None and self.dedup is not None:
             bad = bad.withColumn("reason", self.dedup.public_reason(bad["reason"]))
@@ -401,6 +383,7 @@ class MicroBatchPipeline:
         self.runtime.commit_state(result)
         if self.spec.state_table:
             crash_point("state_written", plan.batch_id)
+        laps.lap("write")
         return state_check
 
     def _settle(self, rows: pa.Table | None, held: Held, plan: BatchPlan
