@@ -454,8 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         return streaming_query(args.streaming_query)
     BENCH.start()
 
-    base = Path(args.root) / "base"
-    shutil.rmtree(Path(args.root), ignore_errors=True)
+    root = Path(args.root).resolve()  # DAGSTER_HOME must be absolute
+    base = root / "base"
+    shutil.rmtree(root, ignore_errors=True)
     dagster_home(base)
     with project_server() as server:
         return _run(args, base, server)

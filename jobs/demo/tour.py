@@ -38,6 +38,7 @@ from jobs.instance import ensure_instance
 from jobs.scoring.pipeline import SCORING
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
+from lakecast.server import Server
 
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
@@ -157,6 +158,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(line)
     print(f"\ndone in {time.monotonic() - started:.0f}s; runs are in {settings.dagster_home} "
           "(`make ui` to browse them)")  # fmt: skip
+    server = Server.from_settings(settings)
+    if server.pid() is not None:  # started on demand (LAKECAST_SPARK_REMOTE=server)
+        print(f"the Lakecast Spark server stays up for `make ui` and later runs: "
+              f"{server.status()}; `make server-stop` stops it")
     sys.stdout.flush()
 
 

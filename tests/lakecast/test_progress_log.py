@@ -34,6 +34,11 @@ def test_appends_are_exactly_once_and_reads_are_incremental(tmp_path: Path) -> N
     for f, data in read.items():
         f.write_bytes(data)
     assert read_log(path) == log.state()  # a full read (another process) agrees
+    # what was read is kept parsed: a read after another commit parses only its rows
+    first = log.state()[0][0]
+    log.write_plan(_plan(2, 3))
+    plans, _ = log.state()
+    assert plans[0] is first and [p.batch_id for p in plans] == [0, 1, 2]
 
     # a log deleted and recreated is read again whole, not mixed with the rows kept
     # (with more versions than the one read, so version numbers alone cannot tell)

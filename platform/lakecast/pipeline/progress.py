@@ -81,37 +81,43 @@ class ProgressLog:
         self.spark = spark
         self.path = path
         self.pipeline = pipeline
-        #: (version, its commit timestamp, rows) of the last read
-        self._cache: tuple[int, int | None, list[dict[str, Any]]] | None = None
+        #: (version, its commit timestamp, plans by batch id, commits) of the last read
+        self._cache: tuple[int, int | None, dict[int, BatchPlan],
+                           dict[int, BatchCommit]] | None = None
 
-    def _rows(self) -> list[dict[str, Any]]:
-        """The log's rows: read from its Parquet files without a Spark job when the table
-        allows it (a local path, no deletion vectors), else with Spark. The rows read are
-        kept: the next read adds only the rows of commits that append (a long-running
-        pipeline does not re-read its whole log every batch)."""
+    def _parsed(self) -> tuple[dict[int, BatchPlan], dict[int, BatchCommit]]:
+        """The log's plans and commits: read from its Parquet files without a Spark job
+        when the table allows it (a local path, no deletion vectors), else with Spark. What
+        was read is kept, parsed: the next read reads and parses only the rows of the
+        commits since (a long-running pipeline does not re-read nor re-parse its whole log
+        every batch)."""
         version = delta_io.latest_version(self.path, self.spark)
         if version is None:
             self._cache = None
-            return []
+            return {}, {}
         cached = self._cache
         if (cached is not None and cached[0] <= version and cached[1] is not None
                 and self._stamp(cached[0]) == cached[1]):
-            added = (delta_io.read_changes_from_log(self.path, cached[0] + 1, version)
-                     if cached[0] < version else {})
+            if cached[0] == version:
+                return cached[2], cached[3]
+            added = delta_io.read_changes_from_log(self.path, cached[0] + 1, version)
             if added is not None and all(
                     set(t.column("_change_type").to_pylist()) <= {"insert"}
                     for t in added.values()):
-                rows = cached[2] + [_row(r) for t in added.values()
-                                    for r in t.drop_columns(["_change_type"]).to_pylist()]
-                self._cache = (version, self._stamp(version), rows)
-                return list(rows)
+                plans, commits = dict(cached[2]), dict(cached[3])
+                for t in added.values():
+                    _parse_into(t.drop_columns(["_change_type"]).to_pylist(), plans, commits)
+                self._cache = (version, self._stamp(version), plans, commits)
+                return plans, commits
         try:
-            rows = [_row(r) for r in delta_io.table_files(self.path, version).read().to_pylist()]
+            rows = delta_io.table_files(self.path, version).read().to_pylist()
         except delta_io.DirectReadUnsupported:
-            rows = [_row(r.asDict()) for r in delta_io.read(self.spark, self.path,
-                                                            version=version).collect()]
-        self._cache = (version, self._stamp(version), rows)
-        return list(rows)
+            rows = [r.asDict() for r in delta_io.read(self.spark, self.path,
+                                                      version=version).collect()]
+        plans, commits = {}, {}
+        _parse_into(rows, plans, commits)
+        self._cache = (version, self._stamp(version), plans, commits)
+        return plans, commits
 
     def _stamp(self, version: int) -> int | None:
         """The commit timestamp of ``version`` (tells a recreated log from the one read)."""
@@ -160,32 +166,16 @@ class ProgressLog:
 
     def state(self) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
         """All plans (by batch id) and commits."""
-        return self.parse_rows(self._rows())
+        plans, commits = self._parsed()
+        return [plans[b] for b in sorted(plans)], dict(commits)
 
     @staticmethod
     def parse_rows(rows: list[dict[str, Any]]) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
         """:meth:`state` of log rows read elsewhere (e.g. without Spark:
         :func:`read_position`)."""
-        plans, commits = {}, {}
-        for r in rows:
-            if r["kind"] == "plan":
-                plans[r["batch_id"]] = BatchPlan(
-                    r["batch_id"], r["events_start"], r["events_end"],
-                    json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
-                    refused=json.loads(r.get("refused") or "[]"),
-                )
-            elif r["kind"] == "restore":
-                plans[r["batch_id"]] = BatchPlan(
-                    r["batch_id"], r["events_start"], r["events_end"],
-                    json.loads(r["broadcast_versions"]), r["recorded_at_ms"],
-                    restore_of=json.loads(r["counts"])["checkpoint_id"],
-                    rollback_to=json.loads(r.get("output_versions") or "{}"),
-                )
-            elif r["kind"] == "commit":
-                commits[r["batch_id"]] = BatchCommit(
-                    r["batch_id"], json.loads(r["counts"]), r["recorded_at_ms"],
-                    json.loads(r.get("output_versions") or "{}"),
-                )
+        plans: dict[int, BatchPlan] = {}
+        commits: dict[int, BatchCommit] = {}
+        _parse_into(rows, plans, commits)
         return [plans[b] for b in sorted(plans)], commits
 
     def last_committed(self) -> tuple[BatchPlan | None, BatchCommit | None]:
@@ -234,9 +224,30 @@ class ProgressLog:
         return asdict(obj)
 
 
-def _row(raw: dict[str, Any]) -> dict[str, Any]:
-    """A log row with every column (files written before a column was added lack it)."""
-    return {c: raw.get(c) for c in PROGRESS_COLUMNS}
+def _parse_into(rows: list[dict[str, Any]], plans: dict[int, BatchPlan],
+                commits: dict[int, BatchCommit]) -> None:
+    """Add log rows, in log order, to ``plans`` and ``commits`` (a later row of a batch id
+    replaces an earlier one; files written before a column was added lack it)."""
+    for r in rows:
+        kind, batch_id = r["kind"], r["batch_id"]
+        if kind == "plan":
+            plans[batch_id] = BatchPlan(
+                batch_id, r.get("events_start"), r.get("events_end"),
+                json.loads(r.get("broadcast_versions")), r.get("recorded_at_ms"),
+                refused=json.loads(r.get("refused") or "[]"),
+            )
+        elif kind == "restore":
+            plans[batch_id] = BatchPlan(
+                batch_id, r.get("events_start"), r.get("events_end"),
+                json.loads(r.get("broadcast_versions")), r.get("recorded_at_ms"),
+                restore_of=json.loads(r.get("counts"))["checkpoint_id"],
+                rollback_to=json.loads(r.get("output_versions") or "{}"),
+            )
+        elif kind == "commit":
+            commits[batch_id] = BatchCommit(
+                batch_id, json.loads(r.get("counts")), r.get("recorded_at_ms"),
+                json.loads(r.get("output_versions") or "{}"),
+            )
 
 
 def progress_path(checkpoint_root: str, pipeline: str) -> str:
