@@ -112,6 +112,30 @@ def test_a_table_deleted_or_written_anew_at_the_same_path_is_seen(tmp_path):
     assert delta_io.commit_info(path, 0).metrics["num_added_rows"] == "1"
 
 
+def test_appends_keep_one_handle_and_see_what_other_writers_committed(tmp_path):
+    path = str(tmp_path / "t")
+    assert delta_io.append_arrow(_rows(1), path, txn=("app", 0)) == 0  # creates it
+    assert delta_io.append_arrow(_rows(2), path, txn=("app", 1)) == 1
+    with log.write_handle(path) as kept:
+        assert kept is not None and kept.version() == 1
+    # another writer (another process: a handle of its own) commits the app's next txn and
+    # one more append: the kept handle is behind, yet the retry is skipped, not written twice
+    _commit(path, _rows(3), txn=("app", 2))
+    _commit(path, _rows(4))
+    assert delta_io.append_arrow(_rows(3), path, txn=("app", 2)) is None
+    assert delta_io.append_arrow(_rows(5), path, txn=("app", 3)) == 4
+    with log.write_handle(path) as again:
+        assert again is kept and again.version() == 4  # the same handle, at the write
+    assert sorted(DeltaTable(path).to_pyarrow_table().column("id").to_pylist()) == [
+        1, 2, 3, 4, 5]
+    assert delta_io.latest_version(path) == 4 and delta_io.txn_versions(path, "app") == {
+        0: 0, 1: 1, 2: 2, 3: 4}
+    # the table deleted and created anew at the same path: a new handle, no stale state
+    shutil.rmtree(path)
+    assert delta_io.append_arrow(_rows(9), path, txn=("app", 0)) == 0
+    assert DeltaTable(path).to_pyarrow_table().column("id").to_pylist() == [9]
+
+
 def test_txn_versions_map_each_app_version_to_its_commit(tmp_path):
     path = str(tmp_path / "t")
     write_deltalake(path, _rows(0))  # v0

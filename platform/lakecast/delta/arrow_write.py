@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakecast.delta.log import CDF_PROPERTY, DeltaIOError
+from lakecast.delta.log import CDF_PROPERTY, DeltaIOError, write_handle
 from lakecast.delta.objstore import options_for
 
 if TYPE_CHECKING:
@@ -37,36 +37,34 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
     ``user_metadata`` goes to the commit's ``commitInfo.userMetadata`` (as Spark's
     ``userMetadata`` write option)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-    from deltalake.exceptions import TableNotFoundError
 
     uri = _uri(path)
-    try:
-        existing: DeltaTable | None = DeltaTable(uri, storage_options=options_for(path))
-    except TableNotFoundError:
-        existing = None
-    if existing is not None and txn is not None:
-        done = existing.transaction_version(txn[0])
-        if done is not None and done >= txn[1]:
-            return None
     props = None
     if txn is not None or user_metadata is not None:
         props = CommitProperties(
             app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
             custom_metadata={"userMetadata": user_metadata} if user_metadata else None)
-    try:
-        write_deltalake(
-            existing if existing is not None else uri, table, mode="append",
-            storage_options=None if existing is not None else options_for(path),
-            schema_mode="merge" if merge_schema and existing is not None else None,
-            configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
-            commit_properties=props,
-        )
-    except Exception as exc:  # delta-rs raises its own types; name the table and the fix
-        raise DeltaIOError(
-            f"appending {table.num_rows} rows to the Delta table at {path} failed: {exc}. "
-            f"Check that the table's schema accepts the rows (columns and types) and that "
-            f"the storage is writable."
-        ) from exc
+    with write_handle(path) as existing:  # the table's kept handle: no log replay per write
+        if existing is not None and txn is not None:
+            done = existing.transaction_version(txn[0])
+            if done is not None and done >= txn[1]:
+                return None
+        try:
+            write_deltalake(
+                existing if existing is not None else uri, table, mode="append",
+                storage_options=None if existing is not None else options_for(path),
+                schema_mode="merge" if merge_schema and existing is not None else None,
+                configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
+                commit_properties=props,
+            )
+        except Exception as exc:  # delta-rs raises its own types; name the table and the fix
+            raise DeltaIOError(
+                f"appending {table.num_rows} rows to the Delta table at {path} failed: {exc}. "
+                f"Check that the table's schema accepts the rows (columns and types) and "
+                f"that the storage is writable."
+            ) from exc
+        if existing is not None:
+            return existing.version()  # the write left the handle at its commit
     return DeltaTable(uri, storage_options=options_for(path)).version()
 
 

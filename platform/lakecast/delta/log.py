@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported",
            "TableFiles", "commit_actions", "commit_info", "commit_infos", "commit_seconds",
            "file_sizes", "latest_version", "read_changes_from_log", "row_count",
-           "table_exists", "table_files", "txn_versions", "verify_checksum"]
+           "table_exists", "table_files", "txn_versions", "verify_checksum", "write_handle"]
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,23 @@ def forget(path: str | None = None) -> None:
             _HANDLES.clear()
         else:
             _HANDLES.pop(path, None)
+
+
+@contextmanager
+def write_handle(path: str) -> Iterator[DeltaTable | None]:
+    """The table's cached ``DeltaTable``, brought to its newest version, held for one write
+    (``None``: no table at ``path``). A ``deltalake`` write through it leaves it at the
+    version it commits, so the next write reads no log again; a writer that loads the
+    table anew per write replays every JSON commit since the last log checkpoint."""
+    found = _handle(path, fresh=True)
+    if found is None:
+        yield None
+        return
+    h = found[0]
+    with h.lock:
+        yield h.table
+        version = h.table.version()
+        h.stamp, h.seen = _commit_stamp(path, version), max(h.seen, version)
 
 
 def table_exists(path: str, spark: SparkSession | None = None) -> bool:
