@@ -38,6 +38,7 @@ from jobs.storefront.pipeline import CONTINUOUS_JOB, MICROBATCH_JOB
 from jobs.storefront.sensors import broadcast_versions_sensor
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
+from lakecast.snapshots.checkpointer import snapshot_path
 from tests.jobs import microbatch_lake as ml
 
 OUTPUTS = {ENRICHED_EVENTS: "enriched", ENRICHMENT_UNMATCHED: "unmatched",
@@ -236,6 +237,32 @@ def test_continuous_enriches_each_commit_and_stops_when_terminated(spark, lake):
             assert [m["batch_id"] for m in _batch_materializations(instance, asset)] == committed
         totals = res.output_for_node("enrichment_continuous_loop")
         assert totals["events_in"] == sum(len(f) for f in frames)
+
+
+def test_a_continuous_run_whose_checkpoint_fails_ends_failed_saying_what_it_leaves(spark, lake):
+    """The first batch's checkpoint is written in the background and fails (a plain file
+    where the snapshot table goes): the run fails with the SnapshotError's message (the
+    checkpoint, the table, the batch committed, the fix), and that batch is committed."""
+    ml.build(spark, lake)
+    frames = [ml.events(0, 30, seed=41)]
+    ml.write_events(spark, lake, frames[0])
+    snapshots = Path(snapshot_path(lake, ENRICHMENT.name))
+    snapshots.parent.mkdir(parents=True, exist_ok=True)
+    snapshots.write_text("not a Delta table")
+    with DagsterInstance.ephemeral() as instance:
+        res = enrichment_continuous.execute_in_process(
+            instance=instance, resources=RESOURCES, raise_on_error=False,
+            run_config={"ops": {"enrichment_continuous_loop": {"config": {
+                "max_seconds": 120, "poll_seconds": 0.1, "max_batches": 1}}}})
+        assert not res.success
+        (failure,) = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
+        message = failure.step_failure_data.user_failure_data.description
+        assert "checkpoint 0" in message and str(snapshots) in message, message
+        assert "already committed" in message and "restart the run" in message, message
+        # the batch is committed, recorded and its events are in the outputs
+        assert _committed(lake) == [0]
+        assert [m["batch_id"] for m in _batch_materializations(instance, ENRICHED_EVENTS)] == [0]
+    ml.assert_exact(spark, lake, frames)
 
 
 @pytest.mark.parametrize("active_job, job", [(MICROBATCH_JOB, CONTINUOUS_JOB),

@@ -5,7 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog, read_log
+from lakecast.pipeline.progress import (
+    BatchCommit,
+    BatchPlan,
+    ProgressLog,
+    read_log,
+    read_position,
+)
 
 
 def _plan(batch_id: int, end: int) -> BatchPlan:
@@ -48,3 +54,20 @@ def test_appends_are_exactly_once_and_reads_are_incremental(tmp_path: Path) -> N
         other.write_plan(_plan(b, 10 + b))
     plans, commits = log.state()
     assert [p.events_end for p in plans] == [10, 11, 12, 13, 14] and not commits
+
+
+def test_read_log_keeps_what_it_read(tmp_path: Path) -> None:
+    """A sensor's or a check's reads (read_log, no Spark) read only the commits since the
+    last read of the same log in the process, as the pipeline's own log does."""
+    path = str(tmp_path / "progress")
+    log = ProgressLog(None, path, "p")  # type: ignore[arg-type]
+    assert read_log(path) == ([], {})
+    log.write_plan(_plan(0, 1))
+    log.write_commit(BatchCommit(0, {"events_in": 5}, committed_at_ms=2000))
+    assert read_log(path) == log.state()
+    for f in (tmp_path / "progress").glob("*.parquet"):  # read already: not read again
+        f.unlink()
+    log.write_plan(_plan(1, 2))
+    plans, commits = read_log(path)
+    assert [p.batch_id for p in plans] == [0, 1] and list(commits) == [0]
+    assert read_position(path)[0] == plans[1]  # batch 1 planned, not committed

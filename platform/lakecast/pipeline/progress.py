@@ -112,6 +112,8 @@ class ProgressLog:
         try:
             rows = delta_io.table_files(self.path, version).read().to_pylist()
         except delta_io.DirectReadUnsupported:
+            if self.spark is None:  # a reader without Spark (read_log)
+                raise
             rows = [r.asDict() for r in delta_io.read(self.spark, self.path,
                                                       version=version).collect()]
         plans, commits = {}, {}
@@ -255,20 +257,29 @@ def progress_path(checkpoint_root: str, pipeline: str) -> str:
     return f"{checkpoint_root}/{pipeline}/progress"
 
 
+#: the readers of :func:`read_log`, one per local log: what they read is kept
+_READERS: dict[str, ProgressLog] = {}
+
+
 def read_log(path: str) -> tuple[list[BatchPlan], dict[int, BatchCommit]]:
     """Every plan and commit of the log at ``path`` (:meth:`ProgressLog.state`), read
-    without Spark: the log's Delta files are read with pyarrow. Empty if there is no log.
+    without Spark: the log's Delta files are read with pyarrow, by one reader per log and
+    process that keeps what it read (a sensor tick or an asset check reads only the
+    commits since the last read). Empty if there is no log.
 
     Object-store logs are read with ``deltalake``; raises
     :class:`lakecast.delta.io.DirectReadUnsupported` when a local log cannot be read
     without Spark.
     """
-    version = delta_io.latest_version(path)
-    if version is None:
-        return [], {}
     if objstore.is_object_store(path):  # read with deltalake
+        version = delta_io.latest_version(path)
+        if version is None:
+            return [], {}
         return ProgressLog.parse_rows(objstore.read_table(path, version).to_pylist())
-    return ProgressLog.parse_rows(delta_io.table_files(path, version).read().to_pylist())
+    reader = _READERS.get(path)
+    if reader is None:
+        reader = _READERS[path] = ProgressLog(None, path, "")  # type: ignore[arg-type]
+    return reader.state()
 
 
 def read_position(path: str) -> tuple[BatchPlan | None, BatchPlan | None, BatchCommit | None]:
