@@ -239,16 +239,14 @@ def test_continuous_enriches_each_commit_and_stops_when_terminated(spark, lake):
         assert totals["events_in"] == sum(len(f) for f in frames)
 
 
-def test_a_continuous_run_whose_checkpoint_fails_ends_failed_saying_what_it_leaves(spark, lake):
-    """The first batch's checkpoint is written in the background and fails (a plain file
-    where the snapshot table goes): the run fails with the SnapshotError's message (the
-    checkpoint, the table, the batch committed, the fix), and that batch is committed."""
+def test_a_table_of_another_schema_at_the_snapshot_path_fails_the_run_clearly(spark, lake):
+    """A Delta table that is not a snapshot table where the pipeline keeps its snapshots:
+    the continuous run fails with a SnapshotError naming the table, the missing columns and
+    the fix (not a raw KeyError), and nothing is written or committed."""
     ml.build(spark, lake)
-    frames = [ml.events(0, 30, seed=41)]
-    ml.write_events(spark, lake, frames[0])
-    snapshots = Path(snapshot_path(lake, ENRICHMENT.name))
-    snapshots.parent.mkdir(parents=True, exist_ok=True)
-    snapshots.write_text("not a Delta table")
+    ml.write_events(spark, lake, ml.events(0, 30, seed=41))
+    snapshots = snapshot_path(lake, ENRICHMENT.name)
+    spark.range(3).selectExpr("id AS other").write.format("delta").save(snapshots)
     with DagsterInstance.ephemeral() as instance:
         res = enrichment_continuous.execute_in_process(
             instance=instance, resources=RESOURCES, raise_on_error=False,
@@ -256,13 +254,15 @@ def test_a_continuous_run_whose_checkpoint_fails_ends_failed_saying_what_it_leav
                 "max_seconds": 120, "poll_seconds": 0.1, "max_batches": 1}}}})
         assert not res.success
         (failure,) = [e for e in res.all_events if e.event_type_value == "STEP_FAILURE"]
-        message = failure.step_failure_data.user_failure_data.description
-        assert "checkpoint 0" in message and str(snapshots) in message, message
-        assert "already committed" in message and "restart the run" in message, message
-        # the batch is committed, recorded and its events are in the outputs
-        assert _committed(lake) == [0]
-        assert [m["batch_id"] for m in _batch_materializations(instance, ENRICHED_EVENTS)] == [0]
-    ml.assert_exact(spark, lake, frames)
+        data = failure.step_failure_data.user_failure_data
+        assert data is not None, failure.step_failure_data.error  # a Failure, not a crash
+        message = data.description
+        assert snapshots in message and "not a snapshot table" in message, message
+        assert "'checkpoint_id'" in message and "'other'" in message, message
+        assert "Move it aside" in message, message
+        assert not instance.fetch_materializations(AssetKey(ENRICHED_EVENTS), limit=1).records
+    assert _committed(lake) == []
+    assert delta_io.latest_version(lake.table_path(ENRICHED_EVENTS)) is None
 
 
 @pytest.mark.parametrize("active_job, job", [(MICROBATCH_JOB, CONTINUOUS_JOB),

@@ -144,6 +144,7 @@ class SnapshotStore:
         self.refused = {}
         if not self.exists():
             return [], []
+        self._check_schema()
         try:
             rows = self._index_rows()
         except Exception as e:
@@ -171,6 +172,22 @@ class SnapshotStore:
             except RefusedCheckpointError as e:
                 self.refused[r[0]] = str(e)
         return ids, sorted(headers, key=lambda h: h.checkpoint_id)
+
+    def _check_schema(self) -> None:
+        """Raise a :class:`SnapshotError` naming the missing columns when the table at
+        the snapshot path is not a snapshot table (checked from the Delta log's schema)."""
+        version = delta_io.latest_version(self.path)
+        try:
+            names = delta_io.table_files(self.path, version, open_files=False).schema.names
+        except delta_io.DeltaIOError:  # read by Spark: its own error names the column
+            return
+        missing = [c for c in SNAPSHOT_COLUMNS if c not in names]
+        if missing:
+            raise SnapshotError(
+                f"pipeline {self.pipeline!r}: the Delta table at {self.path} is not a "
+                f"snapshot table: it has no column(s) {missing} (its columns: {names}). "
+                f"Move it aside or point the pipeline's checkpoint root elsewhere; the "
+                f"pipeline creates its snapshot table on its first checkpoint")
 
     def _direct(self, columns: Sequence[str] | None = None,
                 checkpoint_id: int | None = None) -> pa.Table | None:
