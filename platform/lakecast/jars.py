@@ -138,8 +138,17 @@ def _first_error(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def setup(force: bool = False) -> list[Path]:
-    """Fetch the JARs into ``Settings.jars_dir`` once (what ``lakecast setup`` runs)."""
-    return fetch(get_settings().jars_dir, default_file("pom.xml"), force=force)
+    """Fetch the JARs into ``Settings.jars_dir`` once and build the JVM lookup's JAR
+    (what ``lakecast setup`` runs). Without a JDK the lookup JAR is left out, said on
+    stderr: pure lookups then run in the Python workers."""
+    from lakecast.jvm import build
+
+    kept = fetch(get_settings().jars_dir, default_file("pom.xml"), force=force)
+    try:
+        build.build(force=force)
+    except SetupError as e:
+        print(f"warning: {e}", file=sys.stderr)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:

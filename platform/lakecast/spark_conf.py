@@ -4,7 +4,8 @@ Used by the session factory (:mod:`lakecast.spark`, Spark in this process) and b
 Lakecast Spark server (:mod:`lakecast.server`, Spark Connect). Precedence: built-in
 defaults < the package's ``defaults/spark-defaults.conf`` (or ``LAKECAST_SPARK_CONF_FILE``) <
 ``LAKECAST_SPARK_CONF`` < ``LAKECAST_SPARK_MASTER`` < code overrides. Spark starts from
-the local JAR folder only (``spark.jars``; ``spark.jars.packages`` is refused).
+the local JAR folder only (``spark.jars``; ``spark.jars.packages`` is refused), plus the
+JVM lookup's JAR when ``lakecast setup`` built it (:mod:`lakecast.jvm.build`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from lakecast.config import Settings, parse_spark_defaults
 from lakecast.errors import ConfigError, SetupError
 from lakecast.jars import local_jars
+from lakecast.jvm.build import built_jar
 
 DEFAULT_APP_NAME = "lakecast"
 
@@ -76,6 +78,9 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
             f"files)."
         )
     jars = [str(p) for p in local_jars(settings.jars_dir)]
+    lookup_jar = built_jar(settings)  # the JVM lookup (lakecast.jvm), when built
+    if lookup_jar is not None:
+        jars.append(str(lookup_jar))
     extra = [j for j in conf.get("spark.jars", "").split(",") if j]
     conf["spark.jars"] = ",".join(jars + [j for j in extra if j not in jars])
     log4j = settings.log4j_file

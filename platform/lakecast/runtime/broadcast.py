@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from lakecast.api.element import CHANGE_TYPE, BroadcastElement
+from lakecast.api.enrich import Enrichment
 from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.delta.log import DeltaIOError, commit_info
 from lakecast.delta.source import latest_versions, read_broadcast_elements
 from lakecast.pipeline.contract import TASK_SIDE
 from lakecast.runtime.executor import OutputLayout, version_json
 from lakecast.runtime.joins import not_joinable, plan_joins
+from lakecast.runtime.jvm_state import JvmLookups, not_in_jvm, say_once, unavailable
 from lakecast.runtime.metrics import (
     BUDGET_FIX,
     DEFAULT_STATE_BUDGET_BYTES,
@@ -86,6 +88,7 @@ class BroadcastRuntime:
         parallelism: int | None = None,
         reload_if: Callable[[str, int, int], str | None] | None = None,
         execution: Execution = "tasks",
+        jvm_lookups: bool | None = None,
     ) -> None:
         if not tables:
             raise ValueError("BroadcastRuntime needs at least one broadcast table")
@@ -122,6 +125,34 @@ class BroadcastRuntime:
         #: ``(table, from, to) -> reason`` to reload a table whole instead of applying its
         #: changes (e.g. a refused version in between, :mod:`lakecast.delta.validation`)
         self.reload_if = reload_if
+        #: a pure ``enrich(Lookup...)`` with ``execution="tasks"``: its task-local state
+        #: lives in the executor JVM (:mod:`lakecast.runtime.jvm_state`); ``None``: in the
+        #: Python workers (``jvm_lookups=False``, another function, or unavailable)
+        self.jvm: JvmLookups | None = self._jvm_lookups(jvm_lookups)
+
+    def _jvm_lookups(self, wanted: bool | None) -> JvmLookups | None:
+        if wanted is False or self.execution != "tasks" or not_joinable(self.function):
+            if wanted and not_joinable(self.function):
+                raise ValueError(f"jvm_lookups=True: {not_joinable(self.function)}")
+            return None
+        why = unavailable(self.spark)
+        if why is not None:
+            if wanted:
+                raise ValueError(f"jvm_lookups=True: {why}")
+            say_once(why)
+            return None
+        from lakecast.config import get_settings
+
+        assert isinstance(self.function, Enrichment)
+        return JvmLookups(get_settings().var_dir / "jvm-state", self.function_id,
+                          self.function)
+
+    @property
+    def state_engine(self) -> str:
+        """Where the task-local state lives: ``"jvm"``, ``"python"`` or ``"joins"``."""
+        if self.execution == "joins":
+            return "joins"
+        return "jvm" if self.jvm is not None else "python"
 
     # -- the chain -------------------------------------------------------------------
     @property
@@ -157,14 +188,16 @@ class BroadcastRuntime:
 
     def ship(self, elements: list[BroadcastElement]) -> Any:
         """How ``elements`` travel to the tasks: one Spark broadcast variable in-process,
-        the list itself (in the task closure) over Spark Connect."""
-        if is_connect(self.spark):
+        the list itself (in the task closure) over Spark Connect; JVM lookups keep the list
+        (the driver writes it as state files)."""
+        if is_connect(self.spark) or getattr(self, "jvm", None) is not None:
             return list(elements)
         return self.spark.sparkContext.broadcast(elements)
 
-    @staticmethod
-    def release(link: ChainLink) -> None:
+    def release(self, link: ChainLink) -> None:
         """Free what :meth:`ship` allocated for ``link``."""
+        if self.jvm is not None:
+            self.jvm.forget(link)
         if not isinstance(link.broadcast, list):
             link.broadcast.unpersist()
 
@@ -256,6 +289,12 @@ class BroadcastRuntime:
             return self._process_joins(events, until, t0)
         new = self.refresh(until) if refresh or not self._chain else []
         refresh_s = time.perf_counter() - t0
+        if self.jvm is not None:
+            result = self._process_jvm(events)
+            if result is not None:
+                result.new_elements = new
+                result.refresh_seconds = time.perf_counter() - t0
+                return result
         if self._tz is None:
             self._tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
         tz = self._tz
@@ -300,6 +339,21 @@ class BroadcastRuntime:
         result.refresh_seconds = time.perf_counter() - t0
         return result
 
+    def _process_jvm(self, events: DataFrame) -> BroadcastResult | None:
+        """The lookups in the executor JVM, or ``None`` (said once) when the columns'
+        types keep them in the Python workers from now on."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        assert self.jvm is not None and isinstance(self.function, Enrichment)
+        why = not_in_jvm(self.function, self._schemas,
+                         to_arrow_schema(events.schema, timezone="UTC"))
+        if why is not None:
+            say_once(why)
+            self.jvm = None
+            return None
+        return self.jvm.plan(self.spark, self._chain, self._schemas, self.version, events,
+                             self.lineage, self.function_id, self.state_budget_bytes)
+
     def warm_up(self, events: DataFrame, until: Mapping[str, int] | None = None) -> int:
         """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``:
         the batches' input, for its schema), so that a first batch runs warm; returns the
@@ -309,8 +363,11 @@ class BroadcastRuntime:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.refresh(until)
-        plan = self.plan(to_arrow_schema(events.schema, timezone="UTC"))
         p = self.parallelism or default_parallelism(self.spark)
+        if self.jvm is not None:  # executors build the state; none is a Python task's
+            self.jvm.warm(self.spark, self._chain, self._schemas, p)
+            return 0
+        plan = self.plan(to_arrow_schema(events.schema, timezone="UTC"))
         rows = self.spark.range(0, p, 1, p).mapInArrow(
             lambda batches: warm_task(plan, batches), WARM_SCHEMA).collect()
         return sum(int(r[0]) for r in rows)

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from lakecast.api.enrich import Enrichment
+from lakecast.api.enrich import Enrichment, Lookup
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.runtime.collected import CollectedOutput
@@ -71,13 +71,19 @@ def not_joinable(function: object) -> str | None:
     return None
 
 
+#: how one lookup reaches its rows: ``(index, lookup, frame, pairs) -> (frame, missed,
+#: values)``: the frame it adds to, a Column true where the key has no row, and one raw
+#: value Column per (state column, output column) pair
+Probe = Callable[[int, Lookup, "DataFrame", list[tuple[str, str]]],
+                 tuple["DataFrame", Any, list[Any]]]
+
+
 def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, str],
                versions: Mapping[str, int], events: DataFrame, lineage: bool,
                function_id: str, budget_bytes: int) -> JoinedResult:
     """The run of ``function`` over ``events`` at ``versions`` as broadcast joins (lazy)."""
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     missing = [lk.table for lk in function.lookups if lk.table not in versions]
     if missing:
@@ -86,6 +92,33 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
     dims = {lk.table: delta_io.read(spark, tables[lk.table], version=versions[lk.table])
             for lk in function.lookups}
     schemas = {t: to_arrow_schema(d.schema, timezone="UTC") for t, d in dims.items()}
+
+    def join(i: int, lk: Lookup, frame: DataFrame,
+             pairs: list[tuple[str, str]]) -> tuple[DataFrame, Any, list[Any]]:
+        keys = [(e, s, f"__lk{i}_k{j}") for j, (e, s) in enumerate(lk.key_pairs)]
+        dim = dims[lk.table].select(
+            *[F.col(f"`{s}`").alias(k) for _, s, k in keys],
+            *[F.col(f"`{s}`").alias(f"__lk{i}_v{j}") for j, (s, _) in enumerate(pairs)])
+        cond = [frame[f"`{e}`"] == dim[k] for e, _, k in keys]
+        # the table's key is null only where no row matched (equality never matches null)
+        return (frame.join(F.broadcast(dim), cond, "left"), F.col(keys[0][2]).isNull(),
+                [F.col(f"__lk{i}_v{j}") for j in range(len(pairs))])
+
+    return plan_lookups(spark, function, schemas, versions, events, lineage, function_id,
+                        budget_bytes, join, JOIN_CACHE)
+
+
+def plan_lookups(spark: SparkSession, function: Enrichment, schemas: Mapping[str, Any],
+                 versions: Mapping[str, int], events: DataFrame, lineage: bool,
+                 function_id: str, budget_bytes: int, probe: Probe,
+                 cache: str) -> JoinedResult:
+    """The run's one-pass frame from ``probe`` (joins, or the JVM lookup of
+    :mod:`lakecast.runtime.jvm_state`): defaults, routing of misses, side outputs, lineage
+    and the one observation, the same for every probe (lazy)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
     function.bind_tables(schemas)
     tz = spark.conf.get("spark.sql.session.timeZone", "UTC")
     layout = OutputLayout.of(function, to_arrow_schema(events.schema, timezone=tz), lineage)
@@ -98,16 +131,9 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
     added: list[Any] = []
     for i, lk in enumerate(function.lookups):
         pairs = lk.column_pairs(schemas[lk.table])
-        keys = [(e, s, f"__lk{i}_k{j}") for j, (e, s) in enumerate(lk.key_pairs)]
-        dim = dims[lk.table].select(
-            *[F.col(f"`{s}`").alias(k) for _, s, k in keys],
-            *[F.col(f"`{s}`").alias(f"__lk{i}_v{j}") for j, (s, _) in enumerate(pairs)])
-        cond = [joined[f"`{e}`"] == dim[k] for e, _, k in keys]
-        joined = joined.join(F.broadcast(dim), cond, "left")
-        # the table's key is null only where no row matched (equality never matches null)
-        missed = F.col(keys[0][2]).isNull()
-        for j, (_, out) in enumerate(pairs):
-            value = F.col(f"__lk{i}_v{j}").cast(main_types[out])
+        joined, missed, values = probe(i, lk, joined, pairs)
+        for (_, out), raw in zip(pairs, values, strict=True):
+            value = raw.cast(main_types[out])
             default = lk.defaults.get(out)
             if default is not None:
                 value = F.when(missed, F.lit(default).cast(main_types[out])).otherwise(value)
@@ -146,7 +172,7 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
         observations.append(Observation(f"lakecast-joins-main-{tag}"))
         main = joined.select(*inputs, *added, *lineage_col).observe(
             observations[1], F.count(F.lit(1)).alias("events_in"))
-    run = JoinRun(function_id, dict(versions), tuple(observations), main)
+    run = JoinRun(function_id, dict(versions), tuple(observations), main, cache)
     return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
 
 
@@ -167,6 +193,8 @@ class JoinRun:
     counts: tuple[Observation, ...]
     #: the main output as its own plan (``None``: a view of the frame)
     main: DataFrame | None = None
+    #: the accounting row's ``cache``: :data:`JOIN_CACHE`, or the JVM lookup's
+    cache: str = JOIN_CACHE
 
 
 @dataclass
@@ -208,7 +236,7 @@ class JoinedResult(BroadcastResult):
         events_in = int(seen["events_in"])
         metrics = TaskMetrics(
             partition=0, pid=os.getpid(), function_id=self.joins.function_id,
-            cache=JOIN_CACHE, elements_applied=len(self.joins.versions), rows_applied=0,
+            cache=self.joins.cache, elements_applied=len(self.joins.versions), rows_applied=0,
             state_version=dict(self.joins.versions), state_bytes=0, rows_in=events_in,
             rows_main=int(seen["rows_main"]) if self.layout.sides else events_in,
             rows_side={n: int(seen[n]) for n in self.layout.sides if int(seen[n])},

@@ -28,12 +28,16 @@ from lakecast.errors import LakecastError
 
 def cmd_setup(args: argparse.Namespace) -> int:
     from lakecast import jars
+    from lakecast.jvm.build import built_jar
 
     settings = get_settings()
     kept = jars.setup(force=args.force)
     print(f"Delta {jars.jar_delta_version(kept) or '?'} JARs ready in {settings.jars_dir} "
           f"({len(kept)} files); project folder {settings.project_root}, lake "
           f"{settings.lake_root}")
+    jar = built_jar(settings)
+    print(f"JVM lookup JAR: {jar}" if jar else
+          "JVM lookup JAR: not built (no JDK): pure lookups run in the Python workers")
     return 0
 
 

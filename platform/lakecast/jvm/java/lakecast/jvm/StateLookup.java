@@ -1,0 +1,199 @@
+package lakecast.jvm;
+
+import java.io.FileInputStream;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.time.Instant;
+import java.time.LocalDate;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.DateDayVector;
+import org.apache.arrow.vector.FieldVector;
+import org.apache.arrow.vector.TimeStampMicroTZVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.ipc.ArrowFileReader;
+import org.apache.arrow.vector.util.Text;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.api.java.UDF2;
+
+/**
+ * Lakecast's keyed lookup into task-local broadcast state held in the executor JVM.
+ *
+ * <p>{@code call(manifest, key)}: the state row of {@code key} (a value, or a Row of the
+ * key columns), or null when the state has no row for it. The manifest (written by
+ * {@code lakecast.runtime.jvm_state}) names the state's lineage on its first line and, on
+ * the next ones, the Arrow IPC files of its chain in order: a {@code .full.arrow} replaces
+ * the state, a {@code .changes.arrow} applies a version's changes (deletes, then inserts and
+ * update post-images). Each executor JVM keeps one state per lineage (the newest chain it
+ * was asked for) and applies only the files after the ones it holds, so a warm executor
+ * reads a new version's changes, not the table. States of other chains are built apart.
+ */
+public final class StateLookup implements UDF2<String, Object, Row> {
+    private static final long serialVersionUID = 1L;
+    /** Lineages kept per JVM (least recently used first out). */
+    static final int MAX_LINEAGES = 32;
+    private static final Map<String, Lineage> LINEAGES =
+        new LinkedHashMap<String, Lineage>(16, 0.75f, true) {
+            @Override
+            protected boolean removeEldestEntry(Map.Entry<String, Lineage> eldest) {
+                return size() > MAX_LINEAGES;
+            }
+        };
+
+    private transient String lastManifest;
+    private transient Map<Object, Row> lastState;
+
+    @Override
+    public Row call(String manifest, Object key) throws Exception {
+        if (!manifest.equals(lastManifest)) {
+            lastState = stateAt(manifest);
+            lastManifest = manifest;
+        }
+        if (key instanceof Row) {
+            key = compositeKey((Row) key);
+        }
+        return key == null ? null : lastState.get(key);
+    }
+
+    /** The state the manifest names, built or brought forward in this JVM. */
+    static Map<Object, Row> stateAt(String manifest) throws IOException {
+        List<String> lines = Files.readAllLines(Paths.get(manifest));
+        if (lines.isEmpty()) {
+            throw new IOException("empty Lakecast state manifest " + manifest);
+        }
+        Lineage lineage;
+        synchronized (LINEAGES) {
+            lineage = LINEAGES.computeIfAbsent(lines.get(0), k -> new Lineage());
+        }
+        return lineage.at(lines.subList(1, lines.size()));
+    }
+
+    /** A composite key as a list of its values; null when any is null (no match). */
+    static Object compositeKey(Row row) {
+        Object[] values = new Object[row.length()];
+        for (int i = 0; i < values.length; i++) {
+            if (row.isNullAt(i)) {
+                return null;
+            }
+            values[i] = row.get(i);
+        }
+        return Arrays.asList(values);
+    }
+
+    /** One table's state in this JVM and the chain files applied to it. */
+    static final class Lineage {
+        private List<String> applied = new ArrayList<>();
+        private ConcurrentHashMap<Object, Row> rows = new ConcurrentHashMap<>();
+
+        synchronized Map<Object, Row> at(List<String> files) throws IOException {
+            boolean extends_ = files.size() >= applied.size()
+                && files.subList(0, applied.size()).equals(applied);
+            if (!extends_) {  // another chain (an older version, a new base): built apart
+                rows = new ConcurrentHashMap<>();
+                applied = new ArrayList<>();
+            }
+            for (String file : files.subList(applied.size(), files.size())) {
+                apply(rows, file);
+                applied.add(file);
+            }
+            return rows;
+        }
+    }
+
+    static void apply(Map<Object, Row> rows, String file) throws IOException {
+        boolean full = file.endsWith(".full.arrow");
+        if (!full && !file.endsWith(".changes.arrow")) {
+            throw new IOException("not a Lakecast state file: " + file);
+        }
+        try (BufferAllocator alloc = new RootAllocator();
+             FileInputStream in = new FileInputStream(file);
+             ArrowFileReader reader = new ArrowFileReader(in.getChannel(), alloc)) {
+            VectorSchemaRoot root = reader.getVectorSchemaRoot();
+            String keys = root.getSchema().getCustomMetadata().get("lakecast.keys");
+            if (keys == null) {
+                throw new IOException("state file without lakecast.keys metadata: " + file);
+            }
+            int nKeys = Integer.parseInt(keys);
+            if (full) {
+                rows.clear();
+            }
+            while (reader.loadNextBatch()) {
+                applyBatch(rows, root, nKeys, full);
+            }
+        }
+    }
+
+    private static void applyBatch(Map<Object, Row> rows, VectorSchemaRoot root, int nKeys,
+                                   boolean full) {
+        List<FieldVector> vectors = root.getFieldVectors();
+        int nValues = vectors.size() - nKeys - (full ? 0 : 1);
+        FieldVector change = full ? null : vectors.get(vectors.size() - 1);
+        int n = root.getRowCount();
+        if (change != null) {  // a version's deletes first, then its upserts
+            for (int i = 0; i < n; i++) {
+                if ("delete".equals(value(change, i))) {
+                    Object key = keyAt(vectors, nKeys, i);
+                    if (key != null) {
+                        rows.remove(key);
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            if (change != null) {
+                Object type = value(change, i);
+                if (!"insert".equals(type) && !"update_postimage".equals(type)) {
+                    continue;
+                }
+            }
+            Object key = keyAt(vectors, nKeys, i);
+            if (key == null) {
+                continue;  // a null key never matches (the version gate refuses them)
+            }
+            Object[] values = new Object[nValues];
+            for (int j = 0; j < nValues; j++) {
+                values[j] = value(vectors.get(nKeys + j), i);
+            }
+            rows.put(key, RowFactory.create(values));
+        }
+    }
+
+    private static Object keyAt(List<FieldVector> vectors, int nKeys, int i) {
+        if (nKeys == 1) {
+            return value(vectors.get(0), i);
+        }
+        Object[] values = new Object[nKeys];
+        for (int j = 0; j < nKeys; j++) {
+            values[j] = value(vectors.get(j), i);
+            if (values[j] == null) {
+                return null;
+            }
+        }
+        return Arrays.asList(values);
+    }
+
+    /** The Java value Spark expects for an Arrow value (strings, dates, instants). */
+    static Object value(FieldVector vector, int i) {
+        if (vector.isNull(i)) {
+            return null;
+        }
+        if (vector instanceof DateDayVector) {
+            return LocalDate.ofEpochDay(((DateDayVector) vector).get(i));
+        }
+        if (vector instanceof TimeStampMicroTZVector) {
+            long micros = ((TimeStampMicroTZVector) vector).get(i);
+            return Instant.ofEpochSecond(Math.floorDiv(micros, 1_000_000L),
+                Math.floorMod(micros, 1_000_000L) * 1_000L);
+        }
+        Object value = vector.getObject(i);
+        return value instanceof Text ? value.toString() : value;
+    }
+}

@@ -1,0 +1,251 @@
+"""Task-local broadcast state in the executor JVM: the default for a pure ``enrich(Lookup...)``.
+
+A pure :func:`~lakecast.api.enrich.enrich` (no ``transform``, no hook of its own) needs no
+Python in the tasks. With ``execution="tasks"`` (the default) its lookups run in the
+executor JVM, in :mod:`lakecast.jvm`'s ``StateLookup`` Java UDF, against a state each
+executor JVM keeps warm between batches, built from the same chain of broadcast elements
+the Python workers apply (:mod:`lakecast.runtime.broadcast`):
+
+* the driver writes each chain link's elements as Arrow IPC files, one per table and
+  version (``<table>-v<version>.full.arrow`` replaces the state,
+  ``.changes.arrow`` applies a version's changes), under
+  ``<project>/var/jvm-state/<function id>/<lookup digest>/``, and per table a *manifest*:
+  the state's lineage, then its chain's files in order;
+* each lookup is ``StateLookup(manifest, key)``: an executor JVM that holds the lineage at
+  an earlier link applies only the files after it; a cold one (a new executor, or a new
+  runtime) reads the base. The run's state version is fixed on the driver before the job,
+  as a literal of the manifest, so a retried task computes the same result;
+* defaults, routing of misses, side outputs, lineage and accounting are those of
+  :func:`~lakecast.runtime.joins.plan_lookups` (one observation; the accounting row's
+  ``cache`` is :data:`JVM_CACHE`).
+
+Not available (said once, with the reason; the lookups then run in the Python workers):
+the JAR was not built (no JDK at ``lakecast setup``), the session was started without it,
+or a key or value column has a type the JVM state does not hold (keys: integers, strings,
+booleans, decimals; values: those plus floats, dates, timestamps, binary). Executors must
+see the project's ``var/`` folder (local and loopback deployments do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from lakecast.api.element import CHANGE_TYPE, BroadcastElement
+from lakecast.api.enrich import Enrichment, Lookup
+from lakecast.runtime.joins import JoinedResult, plan_lookups
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lakecast.runtime.tasks import ChainLink
+
+log = logging.getLogger(__name__)
+
+#: ``TaskMetrics.cache`` of a run whose lookups ran in the executor JVM
+JVM_CACHE = "jvm"
+_SAID: set[str] = set()
+
+
+def say_once(reason: str) -> None:
+    """Log, once per process and reason, why pure lookups run in the Python workers."""
+    if reason not in _SAID:
+        _SAID.add(reason)
+        log.warning("JVM lookups are off: %s; pure enrich(Lookup...) functions run in the "
+                    "Python workers", reason)
+
+
+def unavailable(spark: SparkSession) -> str | None:
+    """Why the session cannot run the JVM lookup (``None``: it can)."""
+    from lakecast.jvm.build import JAR_NAME, built_jar
+
+    jar = built_jar()
+    if jar is None:
+        return "the JVM lookup JAR is not built (run `lakecast setup` with a JDK)"
+    try:
+        jars = spark.conf.get("spark.jars", "") or ""
+    except Exception as e:
+        return f"the session's spark.jars cannot be read ({type(e).__name__})"
+    if JAR_NAME not in jars:
+        return ("this Spark session was started without the JVM lookup JAR (start it with "
+                "lakecast.spark.get_spark, or restart the Lakecast Spark server after "
+                "`lakecast setup`)")
+    return None
+
+
+def _key_ok(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_boolean(t) or pa.types.is_decimal128(t))
+
+
+def _value_ok(t: pa.DataType) -> bool:
+    return (_key_ok(t) or pa.types.is_floating(t) or pa.types.is_date32(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+            or (pa.types.is_timestamp(t) and t.unit == "us") or pa.types.is_null(t))
+
+
+def not_in_jvm(function: Enrichment, schemas: Mapping[str, pa.Schema],
+               events: pa.Schema) -> str | None:
+    """Why these lookups' columns cannot be held by the JVM state (``None``: they can)."""
+    for lk in function.lookups:
+        schema = schemas.get(lk.table)
+        if schema is None:
+            return f"table {lk.table!r} has no schema yet"
+        for e, s in lk.key_pairs:
+            if s not in schema.names or e not in events.names:
+                return f"Lookup({lk.table!r}) key {e}->{s} is missing"
+            st, et = schema.field(s).type, events.field(e).type
+            if not _key_ok(st):
+                return f"Lookup({lk.table!r}) key column {s!r} is {st}"
+            both_int = pa.types.is_integer(st) and pa.types.is_integer(et)
+            both_str = (pa.types.is_string(st) or pa.types.is_large_string(st)) and (
+                pa.types.is_string(et) or pa.types.is_large_string(et))
+            if not (both_int or both_str or st == et):
+                return f"Lookup({lk.table!r}) key {e!r} is {et} in the events, {st} in the table"
+        for s, _ in lk.column_pairs(schema):
+            if s not in schema.names:
+                return f"Lookup({lk.table!r}) column {s!r} is missing"
+            if not _value_ok(schema.field(s).type):
+                return f"Lookup({lk.table!r}) column {s!r} is {schema.field(s).type}"
+    return None
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+
+
+class JvmLookups:
+    """The state files of one runtime's chain and the planning of its JVM lookups."""
+
+    def __init__(self, root: Path, function_id: str, function: Enrichment) -> None:
+        self.function = function
+        self.root = root / _safe(function_id)
+        self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> files
+        self._registered: set[tuple[int, str]] = set()
+
+    def _folder(self, lk: Lookup, schema: pa.Schema) -> Path:
+        spec = json.dumps([lk.table, lk.key_pairs, lk.column_pairs(schema),
+                           [str(schema.field(s).type) for s, _ in lk.column_pairs(schema)]])
+        return self.root / hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+    def _write_element(self, lk: Lookup, schema: pa.Schema, e: BroadcastElement) -> str:
+        folder = self._folder(lk, schema)
+        path = folder / f"{_safe(lk.table)}-v{e.version}.{e.kind}.arrow"
+        if path.exists():  # same table version, kind and columns: the same rows
+            return str(path)
+        rows = e.rows
+        keys = [s for _, s in lk.key_pairs]
+        columns = [pa.compute.cast(rows.column(k), pa.int64())
+                   if pa.types.is_integer(rows.schema.field(k).type) else rows.column(k)
+                   for k in keys]
+        names = [f"k{j}" for j in range(len(keys))]
+        for j, (s, _) in enumerate(lk.column_pairs(schema)):
+            columns.append(rows.column(s).cast(schema.field(s).type))
+            names.append(f"v{j}")
+        if e.kind == "changes":
+            columns.append(rows.column(CHANGE_TYPE))
+            names.append(CHANGE_TYPE)
+        table = pa.table(columns, names=names).replace_schema_metadata(
+            {"lakecast.keys": str(len(keys))})
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=64_000)
+        partial.replace(path)
+        return str(path)
+
+    def manifests(self, chain: Sequence[ChainLink],
+                  schemas: Mapping[str, pa.Schema]) -> dict[str, str]:
+        """Per lookup table, the manifest of its state at the end of ``chain`` (the files
+        of links not written yet are written now)."""
+        out = {}
+        for lk in self.function.lookups:
+            schema = schemas[lk.table]
+            files: list[str] = []
+            for link in chain:
+                per_table = self._written.setdefault(id(link), {})
+                if lk.table not in per_table:
+                    per_table[lk.table] = [self._write_element(lk, schema, e)
+                                           for e in link.elements() if e.table == lk.table]
+                files += per_table[lk.table]
+            folder = self._folder(lk, schema)
+            lineage = f"{folder}|{lk.table}"
+            digest = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
+            manifest = folder / f"{_safe(lk.table)}@{digest}.manifest"
+            if not manifest.exists():
+                partial = manifest.with_name(f".{manifest.name}.{os.getpid()}.partial")
+                partial.write_text("\n".join([lineage, *files]) + "\n")
+                partial.replace(manifest)
+            out[lk.table] = str(manifest)
+        return out
+
+    def forget(self, link: ChainLink) -> None:
+        """A released link's files stay (a later runtime of the same id may name them)."""
+        self._written.pop(id(link), None)
+
+    def _function_name(self, spark: SparkSession, value_type: Any) -> str:
+        """The session's registered name of the lookup UDF returning ``value_type``."""
+        from lakecast.jvm.build import LOOKUP_CLASS
+
+        name = "lakecast_lookup_" + hashlib.sha256(value_type.json().encode()).hexdigest()[:12]
+        if (id(spark), name) not in self._registered:
+            spark.udf.registerJavaFunction(name, LOOKUP_CLASS, value_type)
+            self._registered.add((id(spark), name))
+        return name
+
+    def plan(self, spark: SparkSession, chain: Sequence[ChainLink],
+             schemas: Mapping[str, pa.Schema], versions: Mapping[str, int],
+             events: DataFrame, lineage: bool, function_id: str,
+             budget_bytes: int) -> JoinedResult:
+        """The run of the lookups over ``events`` at the end of ``chain`` (lazy)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+        from pyspark.sql.types import StructField, StructType
+
+        manifests = self.manifests(chain, schemas)
+        event_types = dict(events.dtypes)
+
+        def probe(i: int, lk: Lookup, frame: DataFrame,
+                  pairs: list[tuple[str, str]]) -> tuple[DataFrame, Any, list[Any]]:
+            schema = schemas[lk.table]
+            value_type = StructType([
+                StructField(f"v{j}", from_arrow_type(schema.field(s).type, False))
+                for j, (s, _) in enumerate(pairs)])
+            keys = [F.col(f"`{e}`").cast("bigint")
+                    if event_types[e] in ("tinyint", "smallint", "int", "bigint")
+                    else F.col(f"`{e}`") for e, _ in lk.key_pairs]
+            key = keys[0] if len(keys) == 1 else F.struct(*keys)
+            col = f"__lk{i}"
+            found = F.call_function(self._function_name(spark, value_type),
+                                    F.lit(manifests[lk.table]), key)
+            return (frame.withColumn(col, found), F.col(col).isNull(),
+                    [F.col(col).getField(f"v{j}") for j in range(len(pairs))])
+
+        return plan_lookups(spark, self.function, schemas, versions, events, lineage,
+                            function_id, budget_bytes, probe, JVM_CACHE)
+
+    def warm(self, spark: SparkSession, chain: Sequence[ChainLink],
+             schemas: Mapping[str, pa.Schema], tasks: int) -> None:
+        """Build the state in the executors of ``tasks`` tasks (a lookup of no key each)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+        from pyspark.sql.types import StructField, StructType
+
+        manifests = self.manifests(chain, schemas)
+        cols = []
+        for lk in self.function.lookups:
+            schema = schemas[lk.table]
+            value_type = StructType([
+                StructField(f"v{j}", from_arrow_type(schema.field(s).type, False))
+                for j, (s, _) in enumerate(lk.column_pairs(schema))])
+            name = self._function_name(spark, value_type)
+            cols.append(F.call_function(name, F.lit(manifests[lk.table]),
+                                        F.lit(None).cast("bigint")).isNull())
+        spark.range(0, tasks, 1, tasks).select(*cols).collect()
