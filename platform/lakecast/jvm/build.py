@@ -27,7 +27,8 @@ JAR_NAME = "lakecast-jvm.jar"
 LOOKUP_CLASS = "lakecast.jvm.StateLookup"
 #: pyspark's JARs the source compiles against
 _COMPILE_AGAINST = ("arrow-vector-", "arrow-memory-core-", "arrow-format-", "spark-sql-api_",
-                    "spark-catalyst_", "spark-core_", "scala-library-")
+                    "spark-catalyst_", "spark-core_", "spark-unsafe_", "kryo-shaded-",
+                    "scala-library-")
 
 
 def _sources() -> list[Path]:

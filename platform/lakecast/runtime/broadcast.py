@@ -113,6 +113,7 @@ class BroadcastRuntime:
         self.function_id = (f"{function_id}@{function_identity(function, self.tables, spark)}"
                             if function_id else
                             f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}")
+        self._ephemeral_id = not function_id
         self.version: dict[str, int] = {}
         self._chain: list[ChainLink] = []
         self._schemas: dict[str, pa.Schema] = {}
@@ -145,7 +146,7 @@ class BroadcastRuntime:
 
         assert isinstance(self.function, Enrichment)
         return JvmLookups(get_settings().var_dir / "jvm-state", self.function_id,
-                          self.function)
+                          self.function, ephemeral=self._ephemeral_id)
 
     @property
     def state_engine(self) -> str:
@@ -253,6 +254,8 @@ class BroadcastRuntime:
         self._chain, self._base_bytes = [link], link.nbytes
         for o in old:
             self.release(o)
+        if self.jvm is not None:
+            self.jvm.prune()
 
     # -- running ---------------------------------------------------------------------
     def plan(self, input_schema: pa.Schema, watermark: int | None = None) -> TaskPlan:
@@ -395,10 +398,13 @@ class BroadcastRuntime:
         """Nothing to do: the next batch rebuilds the state at its planned versions."""
 
     def close(self) -> None:
-        """Release the broadcast variables of the chain."""
+        """Release the broadcast variables of the chain (and the JVM lookups' files of a
+        runtime without a stable function id)."""
         for link in self._chain:
             self.release(link)
         self._chain = []
+        if self.jvm is not None:
+            self.jvm.close()
 
 
 def function_identity(function: object, tables: Mapping[str, str],

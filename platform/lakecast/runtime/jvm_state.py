@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,14 +122,36 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
 
 
+def _sweep(root: Path, older_than_s: float = 86_400.0) -> None:
+    """Remove the folders of ephemeral runtimes (no ``@`` in the id) left a day ago by a
+    process that did not close them."""
+    import time
+
+    if not root.is_dir():
+        return
+    cutoff = time.time() - older_than_s
+    for folder in root.iterdir():
+        try:
+            if "@" not in folder.name and folder.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue
+
+
 class JvmLookups:
     """The state files of one runtime's chain and the planning of its JVM lookups."""
 
-    def __init__(self, root: Path, function_id: str, function: Enrichment) -> None:
+    def __init__(self, root: Path, function_id: str, function: Enrichment,
+                 ephemeral: bool) -> None:
         self.function = function
         self.root = root / _safe(function_id)
+        #: a runtime of its own (no stable function id): :meth:`close` removes its files,
+        #: and executors then drop its state
+        self.ephemeral = ephemeral
         self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> files
         self._registered: set[tuple[int, str]] = set()
+        _sweep(root)
+
 
     def _folder(self, lk: Lookup, schema: pa.Schema) -> Path:
         spec = json.dumps([lk.table, lk.key_pairs, lk.column_pairs(schema),
@@ -153,7 +176,7 @@ class JvmLookups:
             columns.append(rows.column(CHANGE_TYPE))
             names.append(CHANGE_TYPE)
         table = pa.table(columns, names=names).replace_schema_metadata(
-            {"lakecast.keys": str(len(keys))})
+            {"lakecast.keys": str(len(keys)), "lakecast.rows": str(rows.num_rows)})
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
@@ -187,8 +210,23 @@ class JvmLookups:
         return out
 
     def forget(self, link: ChainLink) -> None:
-        """A released link's files stay (a later runtime of the same id may name them)."""
+        """A released link (a rebase, a close) is no longer written."""
         self._written.pop(id(link), None)
+
+    def prune(self) -> None:
+        """Remove the state files and manifests no written link names (after a rebase:
+        the old chain's; executors holding it read the new base next)."""
+        keep = {f for per_table in self._written.values() for fs in per_table.values()
+                for f in fs}
+        for path in self.root.glob("*/*"):
+            if path.name.endswith((".arrow", ".manifest")) and str(path) not in keep:
+                path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """An ephemeral runtime's files go (its executors' states with them)."""
+        self._written.clear()
+        if self.ephemeral:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def _function_name(self, spark: SparkSession, value_type: Any) -> str:
         """The session's registered name of the lookup UDF returning ``value_type``."""
@@ -196,7 +234,8 @@ class JvmLookups:
 
         name = "lakecast_lookup_" + hashlib.sha256(value_type.json().encode()).hexdigest()[:12]
         if (id(spark), name) not in self._registered:
-            spark.udf.registerJavaFunction(name, LOOKUP_CLASS, value_type)
+            if not spark.catalog.functionExists(name):  # (registering again warns)
+                spark.udf.registerJavaFunction(name, LOOKUP_CLASS, value_type)
             self._registered.add((id(spark), name))
         return name
 
@@ -224,7 +263,7 @@ class JvmLookups:
             key = keys[0] if len(keys) == 1 else F.struct(*keys)
             col = f"__lk{i}"
             found = F.call_function(self._function_name(spark, value_type),
-                                    F.lit(manifests[lk.table]), key)
+                                    F.lit(bytearray(manifests[lk.table].encode())), key)
             return (frame.withColumn(col, found), F.col(col).isNull(),
                     [F.col(col).getField(f"v{j}") for j in range(len(pairs))])
 
@@ -246,6 +285,6 @@ class JvmLookups:
                 StructField(f"v{j}", from_arrow_type(schema.field(s).type, False))
                 for j, (s, _) in enumerate(lk.column_pairs(schema))])
             name = self._function_name(spark, value_type)
-            cols.append(F.call_function(name, F.lit(manifests[lk.table]),
+            cols.append(F.call_function(name, F.lit(bytearray(manifests[lk.table].encode())),
                                         F.lit(None).cast("bigint")).isNull())
         spark.range(0, tasks, 1, tasks).select(*cols).collect()

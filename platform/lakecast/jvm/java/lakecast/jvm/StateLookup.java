@@ -2,6 +2,7 @@ package lakecast.jvm;
 
 import java.io.FileInputStream;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.time.Instant;
@@ -23,23 +24,28 @@ import org.apache.arrow.vector.util.Text;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.api.java.UDF2;
+import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * Lakecast's keyed lookup into task-local broadcast state held in the executor JVM.
  *
  * <p>{@code call(manifest, key)}: the state row of {@code key} (a value, or a Row of the
- * key columns), or null when the state has no row for it. The manifest (written by
+ * key columns), or null when the state has no row for it. {@code manifest} is the UTF-8
+ * path of a manifest, a binary literal: Spark hands the UDF the literal's one array every
+ * row, so a task resolves its state once (no string decoded per row). The manifest (written by
  * {@code lakecast.runtime.jvm_state}) names the state's lineage on its first line and, on
  * the next ones, the Arrow IPC files of its chain in order: a {@code .full.arrow} replaces
  * the state, a {@code .changes.arrow} applies a version's changes (deletes, then inserts and
  * update post-images). Each executor JVM keeps one state per lineage (the newest chain it
  * was asked for) and applies only the files after the ones it holds, so a warm executor
  * reads a new version's changes, not the table. States of other chains are built apart.
+ * A lineage whose folder the driver removed (its runtime closed) is dropped; at most
+ * {@link #MAX_LINEAGES} are kept, least recently used out first.
  */
-public final class StateLookup implements UDF2<String, Object, Row> {
+public final class StateLookup implements UDF2<byte[], Object, Row> {
     private static final long serialVersionUID = 1L;
     /** Lineages kept per JVM (least recently used first out). */
-    static final int MAX_LINEAGES = 32;
+    static final int MAX_LINEAGES = 16;
     private static final Map<String, Lineage> LINEAGES =
         new LinkedHashMap<String, Lineage>(16, 0.75f, true) {
             @Override
@@ -48,15 +54,15 @@ public final class StateLookup implements UDF2<String, Object, Row> {
             }
         };
 
-    private transient String lastManifest;
+    private transient byte[] lastManifest;
     private transient Map<Object, Row> lastState;
 
     @Override
-    public Row call(String manifest, Object key) throws Exception {
-        if (!manifest.equals(lastManifest)) {
-            lastState = stateAt(manifest);
-            lastManifest = manifest;
+    public Row call(byte[] manifest, Object key) throws Exception {
+        if (manifest != lastManifest && !Arrays.equals(manifest, lastManifest)) {
+            lastState = stateAt(new String(manifest, StandardCharsets.UTF_8));
         }
+        lastManifest = manifest;
         if (key instanceof Row) {
             key = compositeKey((Row) key);
         }
@@ -71,9 +77,17 @@ public final class StateLookup implements UDF2<String, Object, Row> {
         }
         Lineage lineage;
         synchronized (LINEAGES) {
+            // a lineage whose folder is gone was closed by its runtime: free its state
+            LINEAGES.keySet().removeIf(k -> !Files.isDirectory(Paths.get(folderOf(k))));
             lineage = LINEAGES.computeIfAbsent(lines.get(0), k -> new Lineage());
         }
         return lineage.at(lines.subList(1, lines.size()));
+    }
+
+    /** The state folder of a lineage ({@code <folder>|<table>}). */
+    static String folderOf(String lineage) {
+        int bar = lineage.lastIndexOf('|');
+        return bar < 0 ? lineage : lineage.substring(0, bar);
     }
 
     /** A composite key as a list of its values; null when any is null (no match). */
@@ -91,7 +105,7 @@ public final class StateLookup implements UDF2<String, Object, Row> {
     /** One table's state in this JVM and the chain files applied to it. */
     static final class Lineage {
         private List<String> applied = new ArrayList<>();
-        private ConcurrentHashMap<Object, Row> rows = new ConcurrentHashMap<>();
+        private Map<Object, Row> rows = new ConcurrentHashMap<>();
 
         synchronized Map<Object, Row> at(List<String> files) throws IOException {
             boolean extends_ = files.size() >= applied.size()
@@ -101,14 +115,16 @@ public final class StateLookup implements UDF2<String, Object, Row> {
                 applied = new ArrayList<>();
             }
             for (String file : files.subList(applied.size(), files.size())) {
-                apply(rows, file);
+                rows = apply(rows, file);
                 applied.add(file);
             }
             return rows;
         }
     }
 
-    static void apply(Map<Object, Row> rows, String file) throws IOException {
+    /** {@code rows} with a state file applied: a full file gives a new map (tasks still
+     *  reading the old one keep it whole), a changes file changes {@code rows}. */
+    static Map<Object, Row> apply(Map<Object, Row> rows, String file) throws IOException {
         boolean full = file.endsWith(".full.arrow");
         if (!full && !file.endsWith(".changes.arrow")) {
             throw new IOException("not a Lakecast state file: " + file);
@@ -122,13 +138,16 @@ public final class StateLookup implements UDF2<String, Object, Row> {
                 throw new IOException("state file without lakecast.keys metadata: " + file);
             }
             int nKeys = Integer.parseInt(keys);
-            if (full) {
-                rows.clear();
+            if (full) {  // sized for the table's rows: no rehashing while it loads
+                String total = root.getSchema().getCustomMetadata().get("lakecast.rows");
+                long expected = total == null ? 16 : Long.parseLong(total);
+                rows = new ConcurrentHashMap<>((int) Math.min(1 << 29, expected * 4 / 3 + 16));
             }
             while (reader.loadNextBatch()) {
                 applyBatch(rows, root, nKeys, full);
             }
         }
+        return rows;
     }
 
     private static void applyBatch(Map<Object, Row> rows, VectorSchemaRoot root, int nKeys,
@@ -139,7 +158,7 @@ public final class StateLookup implements UDF2<String, Object, Row> {
         int n = root.getRowCount();
         if (change != null) {  // a version's deletes first, then its upserts
             for (int i = 0; i < n; i++) {
-                if ("delete".equals(value(change, i))) {
+                if ("delete".equals(key(change, i))) {
                     Object key = keyAt(vectors, nKeys, i);
                     if (key != null) {
                         rows.remove(key);
@@ -149,7 +168,7 @@ public final class StateLookup implements UDF2<String, Object, Row> {
         }
         for (int i = 0; i < n; i++) {
             if (change != null) {
-                Object type = value(change, i);
+                Object type = key(change, i);
                 if (!"insert".equals(type) && !"update_postimage".equals(type)) {
                     continue;
                 }
@@ -168,11 +187,11 @@ public final class StateLookup implements UDF2<String, Object, Row> {
 
     private static Object keyAt(List<FieldVector> vectors, int nKeys, int i) {
         if (nKeys == 1) {
-            return value(vectors.get(0), i);
+            return key(vectors.get(0), i);
         }
         Object[] values = new Object[nKeys];
         for (int j = 0; j < nKeys; j++) {
-            values[j] = value(vectors.get(j), i);
+            values[j] = key(vectors.get(j), i);
             if (values[j] == null) {
                 return null;
             }
@@ -180,7 +199,17 @@ public final class StateLookup implements UDF2<String, Object, Row> {
         return Arrays.asList(values);
     }
 
-    /** The Java value Spark expects for an Arrow value (strings, dates, instants). */
+    /** A key as Spark hands it to the UDF (strings as String). */
+    static Object key(FieldVector vector, int i) {
+        if (vector.isNull(i)) {
+            return null;
+        }
+        Object value = vector.getObject(i);
+        return value instanceof Text ? value.toString() : value;
+    }
+
+    /** A state value as Spark takes it back: strings as UTF8String (Spark keeps them as
+     *  they are, no encoding per row), dates as LocalDate, instants as Instant. */
     static Object value(FieldVector vector, int i) {
         if (vector.isNull(i)) {
             return null;
@@ -194,6 +223,6 @@ public final class StateLookup implements UDF2<String, Object, Row> {
                 Math.floorMod(micros, 1_000_000L) * 1_000L);
         }
         Object value = vector.getObject(i);
-        return value instanceof Text ? value.toString() : value;
+        return value instanceof Text ? UTF8String.fromBytes(((Text) value).copyBytes()) : value;
     }
 }
