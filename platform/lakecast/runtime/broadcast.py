@@ -348,14 +348,17 @@ class BroadcastRuntime:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         assert self.jvm is not None and isinstance(self.function, Enrichment)
+        if self._tz is None:
+            self._tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
         why = not_in_jvm(self.function, self._schemas,
-                         to_arrow_schema(events.schema, timezone="UTC"))
+                         to_arrow_schema(events.schema, timezone=self._tz))
         if why is not None:
             say_once(why)
             self.jvm = None
             return None
         return self.jvm.plan(self.spark, self._chain, self._schemas, self.version, events,
-                             self.lineage, self.function_id, self.state_budget_bytes)
+                             self.lineage, self.function_id, self.state_budget_bytes,
+                             timezone=self._tz)
 
     def warm_up(self, events: DataFrame, until: Mapping[str, int] | None = None) -> int:
         """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``:

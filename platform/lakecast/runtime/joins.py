@@ -110,21 +110,24 @@ def plan_joins(spark: SparkSession, function: Enrichment, tables: Mapping[str, s
 
 def plan_lookups(spark: SparkSession, function: Enrichment, schemas: Mapping[str, Any],
                  versions: Mapping[str, int], events: DataFrame, lineage: bool,
-                 function_id: str, budget_bytes: int, probe: Probe,
-                 cache: str) -> JoinedResult:
+                 function_id: str, budget_bytes: int, probe: Probe, cache: str, *,
+                 timezone: str | None = None,
+                 finish: Callable[[DataFrame], DataFrame] | None = None) -> JoinedResult:
     """The run's one-pass frame from ``probe`` (joins, or the JVM lookup of
     :mod:`lakecast.runtime.jvm_state`): defaults, routing of misses, side outputs, lineage
-    and the one observation, the same for every probe (lazy)."""
+    and the one observation, the same for every probe (lazy). ``finish``: what the probes
+    add to the events in one step, after all of them (``None``: they add as they go)."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     function.bind_tables(schemas)
-    tz = spark.conf.get("spark.sql.session.timeZone", "UTC")
-    layout = OutputLayout.of(function, to_arrow_schema(events.schema, timezone=tz), lineage)
+    tz = timezone or spark.conf.get("spark.sql.session.timeZone", "UTC")
+    event_schema = events.schema
+    layout = OutputLayout.of(function, to_arrow_schema(event_schema, timezone=tz), lineage)
     main_types = {f.name: f.dataType
                   for f in from_arrow_schema(layout.main, prefer_timestamp_ntz=False).fields}
-    inputs = [F.col(f"`{c}`") for c in events.columns]
+    inputs = [F.col(f"`{c}`") for c in event_schema.fieldNames()]
     tag = uuid.uuid4().hex[:12]
     joined = events
     misses: dict[str, list[Any]] = {"unmatched": [], "hold": []}
@@ -141,6 +144,8 @@ def plan_lookups(spark: SparkSession, function: Enrichment, schemas: Mapping[str
         policy = function.policy(lk)
         if policy in misses:
             misses[policy].append(missed)
+    if finish is not None:
+        joined = finish(joined)
     held, unmatched = _any(misses["hold"]), _any(misses["unmatched"])
     route = F.lit(None).cast("string")
     if unmatched is not None:

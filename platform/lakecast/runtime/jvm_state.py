@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 #: ``TaskMetrics.cache`` of a run whose lookups ran in the executor JVM
 JVM_CACHE = "jvm"
 _SAID: set[str] = set()
+#: the lookup UDFs registered per session (by the name of their value type)
+_REGISTERED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 def say_once(reason: str) -> None:
@@ -149,7 +152,6 @@ class JvmLookups:
         #: and executors then drop its state
         self.ephemeral = ephemeral
         self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> files
-        self._registered: set[tuple[int, str]] = set()
         _sweep(root)
 
 
@@ -233,23 +235,25 @@ class JvmLookups:
         from lakecast.jvm.build import LOOKUP_CLASS
 
         name = "lakecast_lookup_" + hashlib.sha256(value_type.json().encode()).hexdigest()[:12]
-        if (id(spark), name) not in self._registered:
+        known = _REGISTERED.setdefault(spark, set())
+        if name not in known:
             if not spark.catalog.functionExists(name):  # (registering again warns)
                 spark.udf.registerJavaFunction(name, LOOKUP_CLASS, value_type)
-            self._registered.add((id(spark), name))
+            known.add(name)
         return name
 
     def plan(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], versions: Mapping[str, int],
              events: DataFrame, lineage: bool, function_id: str,
-             budget_bytes: int) -> JoinedResult:
+             budget_bytes: int, timezone: str | None = None) -> JoinedResult:
         """The run of the lookups over ``events`` at the end of ``chain`` (lazy)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
         from pyspark.sql.types import StructField, StructType
 
         manifests = self.manifests(chain, schemas)
-        event_types = dict(events.dtypes)
+        event_types = {f.name: f.dataType.simpleString() for f in events.schema.fields}
+        found: list[Any] = []  # the lookups' struct columns, added in one projection
 
         def probe(i: int, lk: Lookup, frame: DataFrame,
                   pairs: list[tuple[str, str]]) -> tuple[DataFrame, Any, list[Any]]:
@@ -262,13 +266,15 @@ class JvmLookups:
                     else F.col(f"`{e}`") for e, _ in lk.key_pairs]
             key = keys[0] if len(keys) == 1 else F.struct(*keys)
             col = f"__lk{i}"
-            found = F.call_function(self._function_name(spark, value_type),
-                                    F.lit(bytearray(manifests[lk.table].encode())), key)
-            return (frame.withColumn(col, found), F.col(col).isNull(),
+            found.append(F.call_function(
+                self._function_name(spark, value_type),
+                F.lit(bytearray(manifests[lk.table].encode())), key).alias(col))
+            return (frame, F.col(col).isNull(),
                     [F.col(col).getField(f"v{j}") for j in range(len(pairs))])
 
         return plan_lookups(spark, self.function, schemas, versions, events, lineage,
-                            function_id, budget_bytes, probe, JVM_CACHE)
+                            function_id, budget_bytes, probe, JVM_CACHE, timezone=timezone,
+                            finish=lambda frame: frame.select("*", *found))
 
     def warm(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], tasks: int) -> None:
