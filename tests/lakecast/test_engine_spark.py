@@ -256,7 +256,9 @@ def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):
                    mode="overwrite")
     fn = enrich(Lookup("dim_users", key="user_id", columns=["segment"],
                        defaults={"segment": "NEW"}))
-    runtime = BroadcastRuntime(spark, fn, {"dim_users": path})
+    # the Python workers' task cache (a pure lookup's state lives in the executor JVM by
+    # default: tests/lakecast/test_jvm_lookups.py)
+    runtime = BroadcastRuntime(spark, fn, {"dim_users": path}, jvm_lookups=False)
     events = spark.range(200).select(F.col("id").alias("user_id")).repartition(2)
     schema = pa.schema([("user_id", pa.int64())])
 
@@ -296,7 +298,7 @@ def test_warm_cache_across_jobs_applies_only_new_elements(spark, lake):
     assert rows[10] == ("VIP1", '{"dim_users":1}') and rows[20] == ("REGULAR", '{"dim_users":1}')
 
     # a new runtime (as a new application would) starts cold from a base
-    fresh = BroadcastRuntime(spark, fn, {"dim_users": path})
+    fresh = BroadcastRuntime(spark, fn, {"dim_users": path}, jvm_lookups=False)
     r = fresh.process(events).persist()
     r.main.count()
     _check_tasks(r.metrics().tasks, {}, 2, cold=(1, 1000))  # one base at version 2
@@ -370,7 +372,9 @@ def test_state_budget_warns_and_flags(spark, lake):
     path = lake.table_path("dim_users")
     _write(spark, pd.DataFrame({"user_id": range(100), "segment": ["VIP"] * 100}), path)
     fn = enrich(Lookup("dim_users", key="user_id", columns=["segment"]))
-    runtime = BroadcastRuntime(spark, fn, {"dim_users": path}, state_budget_bytes=100)
+    # one copy per Python task (the JVM's one copy per executor: test_jvm_lookups.py)
+    runtime = BroadcastRuntime(spark, fn, {"dim_users": path}, state_budget_bytes=100,
+                               jvm_lookups=False)
     with pytest.warns(StateBudgetWarning, match="exceeds the budget"):
         result = runtime.process(spark.range(10).select(F.col("id").alias("user_id"))).persist()
     result.main.count()

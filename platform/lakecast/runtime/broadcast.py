@@ -358,7 +358,7 @@ class BroadcastRuntime:
             return None
         return self.jvm.plan(self.spark, self._chain, self._schemas, self.version, events,
                              self.lineage, self.function_id, self.state_budget_bytes,
-                             timezone=self._tz)
+                             timezone=self._tz, state_bytes=self.estimated_state_bytes)
 
     def warm_up(self, events: DataFrame, until: Mapping[str, int] | None = None) -> int:
         """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``:

@@ -112,11 +112,13 @@ def plan_lookups(spark: SparkSession, function: Enrichment, schemas: Mapping[str
                  versions: Mapping[str, int], events: DataFrame, lineage: bool,
                  function_id: str, budget_bytes: int, probe: Probe, cache: str, *,
                  timezone: str | None = None,
-                 finish: Callable[[DataFrame], DataFrame] | None = None) -> JoinedResult:
+                 finish: Callable[[DataFrame], DataFrame] | None = None,
+                 state_bytes: int = 0) -> JoinedResult:
     """The run's one-pass frame from ``probe`` (joins, or the JVM lookup of
     :mod:`lakecast.runtime.jvm_state`): defaults, routing of misses, side outputs, lineage
     and the one observation, the same for every probe (lazy). ``finish``: what the probes
-    add to the events in one step, after all of them (``None``: they add as they go)."""
+    add to the events in one step, after all of them (``None``: they add as they go);
+    ``state_bytes``: the state one executor holds (its accounting row's, for the budget)."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -177,7 +179,8 @@ def plan_lookups(spark: SparkSession, function: Enrichment, schemas: Mapping[str
         observations.append(Observation(f"lakecast-joins-main-{tag}"))
         main = joined.select(*inputs, *added, *lineage_col).observe(
             observations[1], F.count(F.lit(1)).alias("events_in"))
-    run = JoinRun(function_id, dict(versions), tuple(observations), main, cache)
+    run = JoinRun(function_id, dict(versions), tuple(observations), main, cache,
+                  state_bytes)
     return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
 
 
@@ -200,6 +203,8 @@ class JoinRun:
     main: DataFrame | None = None
     #: the accounting row's ``cache``: :data:`JOIN_CACHE`, or the JVM lookup's
     cache: str = JOIN_CACHE
+    #: the state one executor JVM holds (0: joins hold none between runs)
+    state_bytes: int = 0
 
 
 @dataclass
@@ -242,7 +247,8 @@ class JoinedResult(BroadcastResult):
         metrics = TaskMetrics(
             partition=0, pid=os.getpid(), function_id=self.joins.function_id,
             cache=self.joins.cache, elements_applied=len(self.joins.versions), rows_applied=0,
-            state_version=dict(self.joins.versions), state_bytes=0, rows_in=events_in,
+            state_version=dict(self.joins.versions), state_bytes=self.joins.state_bytes,
+            rows_in=events_in,
             rows_main=int(seen["rows_main"]) if self.layout.sides else events_in,
             rows_side={n: int(seen[n]) for n in self.layout.sides if int(seen[n])},
             executor="spark")

@@ -245,7 +245,8 @@ class JvmLookups:
     def plan(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], versions: Mapping[str, int],
              events: DataFrame, lineage: bool, function_id: str,
-             budget_bytes: int, timezone: str | None = None) -> JoinedResult:
+             budget_bytes: int, timezone: str | None = None,
+             state_bytes: int = 0) -> JoinedResult:
         """The run of the lookups over ``events`` at the end of ``chain`` (lazy)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
@@ -274,7 +275,8 @@ class JvmLookups:
 
         return plan_lookups(spark, self.function, schemas, versions, events, lineage,
                             function_id, budget_bytes, probe, JVM_CACHE, timezone=timezone,
-                            finish=lambda frame: frame.select("*", *found))
+                            finish=lambda frame: frame.select("*", *found),
+                            state_bytes=state_bytes)
 
     def warm(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], tasks: int) -> None:

@@ -1,0 +1,197 @@
+"""A pure enrich(Lookup...) keeps its task-local state in the executor JVM by default (the
+``StateLookup`` Java UDF, :mod:`lakecast.runtime.jvm_state`), on real Spark and Delta: the
+same rows as pandas and as the Python workers, version after version applied as changes,
+values of every type it holds, and a clear fallback where it cannot hold them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from lakecast import BroadcastRuntime, Lookup, enrich
+from lakecast.delta import io as delta_io
+from lakecast.jvm.build import LOOKUP_CLASS, built_jar
+from lakecast.runtime.jvm_state import JVM_CACHE
+from tests.lakecast.test_joins import _events, _function, _reference, _rows
+
+
+def _users(spark, path: str, version: int) -> pd.DataFrame:
+    return delta_io.read(spark, path, version=version).toPandas()
+
+
+@pytest.fixture
+def tables(spark, tmp_path):
+    """users v0; v1 (UPDATE: user 1 VIP), v2 (DELETE user 6), v3 (INSERT user 7 and 9);
+    products keyed by (shop, sku) under other names than the events use."""
+    users, products = str(tmp_path / "dim_users"), str(tmp_path / "dim_products")
+    delta_io.write(spark.createDataFrame(pd.DataFrame({
+        "user_id": [1, 2, 3, 4, 5, 6],
+        "segment": ["REGULAR", "VIP", "CHURNING", "REGULAR", "VIP", "NEW"],
+        "ltv": [10.0, 250.0, None, 40.0, 900.0, 1.0],
+    })), users, mode="overwrite")
+    spark.sql(f"UPDATE delta.`{users}` SET segment = 'VIP' WHERE user_id = 1")
+    spark.sql(f"DELETE FROM delta.`{users}` WHERE user_id = 6")
+    spark.sql(f"INSERT INTO delta.`{users}` VALUES (7, 'REGULAR', 7.0), (9, NULL, 9.5)")
+    delta_io.write(spark.createDataFrame(pd.DataFrame({
+        "shop": ["a", "a", "b", "b"], "sku": [1, 2, 1, 3],
+        "title": ["tv", "radio", "book", "pen"], "price": [100.0, 20.0, 8.0, 1.5],
+    })), products, mode="overwrite")
+    return {"dim_users": users, "dim_products": products}
+
+
+def _version_json(versions: dict[str, int]) -> str:
+    return json.dumps(versions, separators=(",", ":"), sort_keys=True)
+
+
+@pytest.mark.parametrize("jvm", [True, False], ids=["jvm", "python"])
+def test_each_version_equals_pandas_applied_as_changes(any_spark, tables, jvm):
+    """One runtime walks v0 -> v3 of the users (update, delete, insert): each batch equals
+    pandas over that version, in the JVM and in the Python workers alike."""
+    spark = any_spark
+    pdf, events = _events(spark)
+    runtime = BroadcastRuntime(spark, _function(), tables, jvm_lookups=jvm)
+    assert runtime.state_engine == ("jvm" if jvm else "python")
+    products = delta_io.read(spark, tables["dim_products"]).toPandas()
+    try:
+        for version in range(4):
+            pinned = {"dim_users": version, "dim_products": 0}
+            result = runtime.process(events, until=pinned)
+            out = result.collect()
+            want_main, want_unmatched = _reference(
+                pdf, _users(spark, tables["dim_users"], version), products)
+            main = _rows(out.main)
+            assert set(main["_state_version"]) == {_version_json(pinned)}
+            got = main.drop(columns=["_state_version"])
+            pd.testing.assert_frame_equal(got, want_main, check_dtype=False)
+            assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
+                want_unmatched
+            metrics = result.metrics()
+            assert metrics.rows_in == len(pdf) == (metrics.rows_main
+                                                   + metrics.rows_side("unmatched"))
+            if jvm:  # one accounting row for the job, from the JVM lookups
+                (row,) = out.task_rows
+                assert row["cache"] == JVM_CACHE and row["events_in"] == len(pdf)
+            if version:  # the versions after the base travel as changes, not the table
+                assert {e.kind for e in result.new_elements} == {"changes"}
+        # user 3's null ltv is a matched row: it stays null, no default
+        assert pd.isna(main.set_index("event_id").loc[2, "ltv"])
+    finally:
+        runtime.close()
+
+
+def test_the_state_files_are_the_chain_and_go_with_the_runtime(spark, tables):
+    """The JVM state is the chain's files: a base, then one changes file per version; an
+    ephemeral runtime's folder goes when it closes (its executors then drop the state)."""
+    _, events = _events(spark)
+    runtime = BroadcastRuntime(spark, _function(), tables)
+    runtime.process(events, until={"dim_users": 0, "dim_products": 0}).collect()
+    runtime.process(events, until={"dim_users": 3, "dim_products": 0}).collect()
+    assert runtime.jvm is not None
+    folder = runtime.jvm.root
+    names = sorted(p.name for p in folder.glob("*/*.arrow"))
+    assert names == ["dim_products-v0.full.arrow", "dim_users-v0.full.arrow",
+                     "dim_users-v1.changes.arrow", "dim_users-v2.changes.arrow",
+                     "dim_users-v3.changes.arrow"]
+    (manifest,) = [p for p in folder.glob("*/dim_users@*.manifest")
+                   if len(p.read_text().splitlines()) == 5]
+    lineage, *files = manifest.read_text().splitlines()
+    assert lineage.endswith("|dim_users") and [Path(f).name for f in files] == names[1:]
+    runtime.close()
+    assert not folder.exists()
+
+
+def test_values_of_every_held_type_and_string_keys(spark, tmp_path):
+    """Dates, timestamps, decimals, booleans, binary, floats, ints and strings come back
+    as Spark typed them, for a string key, equal to the Python workers' rows."""
+    path = str(tmp_path / "dim_codes")
+    codes = spark.createDataFrame(
+        [("x", dt.date(2026, 1, 2), dt.datetime(2026, 1, 2, 3, 4, 5, 678901,
+                                                 tzinfo=dt.UTC),
+          decimal.Decimal("12.34"), True, bytearray(b"\x00\x01"), 1.5, 7, "ünï"),
+         ("y", None, None, None, None, None, None, None, None)],
+        "code string, day date, at timestamp, amount decimal(10,2), flag boolean, "
+        "blob binary, score float, n int, label string")
+    delta_io.write(codes, path, mode="overwrite")
+    events = spark.createDataFrame([(1, "x"), (2, "y"), (3, "z"), (4, None)],
+                                   "event_id long, code string")
+    fn = enrich(Lookup("dim_codes", key="code", defaults={"label": "?"}))
+    rows = {}
+    for jvm in (True, False):
+        runtime = BroadcastRuntime(spark, fn, {"dim_codes": path}, jvm_lookups=jvm,
+                                   lineage=False)
+        assert runtime.state_engine == ("jvm" if jvm else "python")
+        out = runtime.process(events).collect()
+        rows[jvm] = out.main.sort_by("event_id")
+        runtime.close()
+    assert rows[True].equals(rows[False]), (rows[True], rows[False])
+    got = rows[True].to_pylist()
+    assert got[0]["day"] == dt.date(2026, 1, 2) and got[0]["amount"] == decimal.Decimal("12.34")
+    assert got[0]["at"].replace(tzinfo=None) == dt.datetime(2026, 1, 2, 3, 4, 5, 678901)
+    assert (got[0]["flag"], got[0]["blob"], got[0]["n"], got[0]["label"]) == \
+        (True, b"\x00\x01", 7, "ünï")
+    assert got[1]["label"] is None and got[1]["day"] is None  # a matched row's nulls
+    assert [r["label"] for r in got[2:]] == ["?", "?"]  # no row, a null key: the default
+
+
+def test_a_key_type_the_jvm_state_does_not_hold_runs_in_python_said_once(spark, tmp_path,
+                                                                           caplog):
+    """A double key: the lookups run in the Python workers, and the log says why once."""
+    path = str(tmp_path / "dim_rates")
+    delta_io.write(spark.createDataFrame([(1.5, "a"), (2.5, "b")], "rate double, name string"),
+                   path, mode="overwrite")
+    events = spark.createDataFrame([(1, 1.5), (2, 9.0)], "event_id long, rate double")
+    fn = enrich(Lookup("dim_rates", key="rate"))
+    with caplog.at_level(logging.WARNING, logger="lakecast.runtime.jvm_state"):
+        for _ in range(2):
+            runtime = BroadcastRuntime(spark, fn, {"dim_rates": path})
+            out = runtime.process(events).collect()
+            assert runtime.state_engine == "python"
+            assert out.main.sort_by("event_id").column("name").to_pylist() == ["a", None]
+            runtime.close()
+    said = [r.getMessage() for r in caplog.records if "JVM lookups are off" in r.getMessage()]
+    assert len(said) == 1 and "key column 'rate' is double" in said[0], said
+
+
+def test_jvm_lookups_true_refuses_python_logic_clearly(spark, tables):
+    class WithTransform(type(_function())):
+        def transform(self, batch: pa.RecordBatch, ctx):  # type: ignore[override]
+            return batch
+
+    fn = WithTransform(_function().lookups)
+    with pytest.raises(ValueError, match="jvm_lookups=True: WithTransform overrides transform"):
+        BroadcastRuntime(spark, fn, tables, jvm_lookups=True)
+    assert BroadcastRuntime(spark, fn, tables).state_engine == "python"
+
+
+def test_the_jar_is_built_and_loaded_by_the_session(spark):
+    jar = built_jar()
+    assert jar is not None and jar.exists()
+    assert str(jar) in spark.conf.get("spark.jars")
+    assert LOOKUP_CLASS == "lakecast.jvm.StateLookup"
+
+
+def test_the_state_budget_counts_one_copy_per_executor_jvm(spark, tmp_path):
+    from lakecast.runtime.metrics import StateBudgetWarning, reset_budget_warnings
+
+    reset_budget_warnings()
+    path = str(tmp_path / "dim_users")
+    delta_io.write(spark.createDataFrame(pd.DataFrame({"user_id": range(100),
+                                                       "segment": ["VIP"] * 100})),
+                   path, mode="overwrite")
+    runtime = BroadcastRuntime(spark, enrich(Lookup("dim_users", key="user_id")),
+                               {"dim_users": path}, state_budget_bytes=100)
+    assert runtime.state_engine == "jvm"
+    result = runtime.process(spark.range(10).withColumnRenamed("id", "user_id"))
+    result.main.count()
+    with pytest.warns(StateBudgetWarning, match="exceeds the budget"):
+        m = result.metrics()
+    assert m.parallelism == 1 and m.state_bytes_total == runtime.estimated_state_bytes > 100
+    assert m.over_budget
+    runtime.close()
