@@ -5,8 +5,8 @@
 (a) one batch of 2M events enriched with a 200k-user segment state and a 10k-product
     state: Lakecast (cold start included: base read, broadcast, state build) vs Spark's
     broadcast hash join (``F.broadcast``), for both of Lakecast's executions of the same
-    ``enrich(Lookup...)``: ``tasks`` (task-local state in the Python workers, the default)
-    and ``joins`` (planned as broadcast joins against the pinned table versions,
+    ``enrich(Lookup...)``: ``tasks`` (the default: task-local state, for this pure lookup
+    held in the executor JVM, :mod:`lakecast.runtime.jvm_state`) and ``joins`` (planned as broadcast joins against the pinned table versions,
     :mod:`lakecast.runtime.joins`). Two references without a target: the events through
     an identity ``mapInArrow`` (floor), and the same lookups hand-written in one
     ``mapInArrow`` without Lakecast (``pyarrow`` ``index_in`` + ``take``, the same

@@ -138,17 +138,9 @@ def _first_error(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def setup(force: bool = False) -> list[Path]:
-    """Fetch the JARs into ``Settings.jars_dir`` once and build the JVM lookup's JAR
-    (what ``lakecast setup`` runs). Without a JDK the lookup JAR is left out, said on
-    stderr: pure lookups then run in the Python workers."""
-    from lakecast.jvm import build
-
-    kept = fetch(get_settings().jars_dir, default_file("pom.xml"), force=force)
-    try:
-        build.build(force=force)
-    except SetupError as e:
-        print(f"warning: {e}", file=sys.stderr)
-    return kept
+    """Fetch the JARs into ``Settings.jars_dir`` once (``lakecast setup`` then builds the
+    JVM lookup's JAR: :mod:`lakecast.jvm.build`)."""
+    return fetch(get_settings().jars_dir, default_file("pom.xml"), force=force)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -195,3 +195,24 @@ def test_the_state_budget_counts_one_copy_per_executor_jvm(spark, tmp_path):
     assert m.parallelism == 1 and m.state_bytes_total == runtime.estimated_state_bytes > 100
     assert m.over_budget
     runtime.close()
+
+
+def test_setup_compiles_the_jar_with_javac_and_names_the_fix_without_a_jdk(tmp_path,
+                                                                             monkeypatch):
+    import os
+    import zipfile
+
+    from lakecast.config import get_settings
+    from lakecast.errors import SetupError
+    from lakecast.jvm import build
+
+    settings = get_settings({**os.environ, "LAKECAST_JARS_DIR": str(tmp_path / "jars")})
+    jar = build.build(settings)  # the JDK's javac, against pyspark's JARs
+    assert jar == build.jar_path(settings) and jar.parent.name == build.source_digest()
+    assert "lakecast/jvm/StateLookup.class" in zipfile.ZipFile(jar).namelist()
+    assert build.build(settings) == jar  # built once
+    monkeypatch.setattr(build, "find_javac", lambda: None)
+    other = get_settings({**os.environ, "LAKECAST_JARS_DIR": str(tmp_path / "other")})
+    with pytest.raises(SetupError, match=r"javac \(a JDK\) was not found.*openjdk-17-jdk"):
+        build.build(other)
+    assert build.built_jar(other) is None

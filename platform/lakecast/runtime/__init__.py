@@ -6,6 +6,7 @@ runtimes that implement :class:`lakecast.pipeline.contract.BatchRuntime`.
 - :mod:`~lakecast.runtime.harness`         in-memory test harness (no Spark)
 - :mod:`~lakecast.runtime.tasks`           what a Spark task runs (worker cache, accounting)
 - :mod:`~lakecast.runtime.broadcast`       BroadcastRuntime: task-local state on Spark
+- :mod:`~lakecast.runtime.jvm_state`       a pure enrich's task-local state in the executor JVM
 - :mod:`~lakecast.runtime.joins`           ``execution="joins"``: a pure enrich as broadcast joins
 - :mod:`~lakecast.runtime.result`          BroadcastResult: the views and accounting of one run
 - :mod:`~lakecast.runtime.metrics`         task/run metrics, the state budget

@@ -71,7 +71,9 @@ class BroadcastRuntime:
     with task-local broadcast state built from Delta tables ``{name: path}``.
 
     Keep one instance per Spark application and call :meth:`process` per micro-batch;
-    the state stays warm in the Python workers between calls.
+    the state stays warm in the Python workers between calls — or, for a pure
+    ``enrich(Lookup...)``, in the executor JVM (:mod:`lakecast.runtime.jvm_state`;
+    ``jvm_lookups=False`` keeps it in the Python workers, ``True`` requires the JVM).
     """
 
     def __init__(

@@ -28,10 +28,15 @@ from lakecast.errors import LakecastError
 
 def cmd_setup(args: argparse.Namespace) -> int:
     from lakecast import jars
-    from lakecast.jvm.build import built_jar
+    from lakecast.errors import SetupError
+    from lakecast.jvm.build import build, built_jar
 
     settings = get_settings()
     kept = jars.setup(force=args.force)
+    try:  # without a JDK, pure lookups run in the Python workers: a warning, not a failure
+        build(settings, force=args.force)
+    except SetupError as e:
+        print(f"warning: {e}", file=sys.stderr)
     print(f"Delta {jars.jar_delta_version(kept) or '?'} JARs ready in {settings.jars_dir} "
           f"({len(kept)} files); project folder {settings.project_root}, lake "
           f"{settings.lake_root}")
