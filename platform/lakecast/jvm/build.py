@@ -85,7 +85,8 @@ def build(settings: Settings | None = None, force: bool = False) -> Path:
         classes = Path(tmp) / "classes"
         cmd = [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8",
                "-cp", os.pathsep.join(jars), "-d", str(classes), *map(str, _sources())]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        # in the temporary folder: javac leaves a javac.<date>.args file where it fails
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         if proc.returncode != 0:
             errors = [ln for ln in proc.stderr.splitlines() if "error" in ln][:3]
             raise SetupError(f"javac could not compile the JVM lookup ({'; '.join(errors)})"
