@@ -101,6 +101,7 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for part in ("lakecast/defaults/pom.xml", "lakecast/defaults/spark-defaults.conf",
                  "lakecast/defaults/log4j2.properties", "dagster_lakecast/__init__.py",
+                 "lakecast/jvm/java/lakecast/jvm/StateLookup.java",
                  "dagster_lakecast/component.py"):
         assert part in names, part
     assert not [n for n in names if n.split("/")[0] in ("jobs", "assets", "tests", "deploy")]
@@ -131,6 +132,7 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
         tmp_path, env)
     setup = run(["lakecast", "setup"], project, env)
     assert "JARs ready" in setup.stdout
+    assert "JVM lookup JAR: " in setup.stdout and "not built" not in setup.stdout  # javac
 
     # dg scaffolds the component; the user fills in defs.yaml and writes the function
     run(["dg", "scaffold", "defs", COMPONENT, "fx_payments"], project, env)
