@@ -6,11 +6,12 @@
     state: Lakecast (cold start included: base read, broadcast, state build) vs Spark's
     broadcast hash join (``F.broadcast``), for both of Lakecast's executions of the same
     ``enrich(Lookup...)``: ``tasks`` (the default: task-local state, for this pure lookup
-    held in the executor JVM, :mod:`lakecast.runtime.jvm_state`) and ``joins`` (planned as broadcast joins against the pinned table versions,
-    :mod:`lakecast.runtime.joins`). Two references without a target: the events through
-    an identity ``mapInArrow`` (floor), and the same lookups hand-written in one
-    ``mapInArrow`` without Lakecast (``pyarrow`` ``index_in`` + ``take``, the same
-    lineage literal and write). The order of the five sides rotates every repeat.
+    held in the executor JVM, :mod:`lakecast.runtime.jvm_state`) and ``joins`` (planned
+    as broadcast joins against the pinned table versions, :mod:`lakecast.runtime.joins`).
+    Two references without a target: the events through an identity ``mapInArrow``
+    (floor), and the same lookups hand-written in one ``mapInArrow`` without Lakecast
+    (``pyarrow`` ``index_in`` + ``take``, the same lineage literal and write). The order
+    of the five sides rotates every repeat.
 (b) 20 micro-batches of 50k events (each a new version of a Delta events table, read
     by every side from its Change Data Feed) against a 1M-row user dimension, 1% of
     whose rows change (Delta MERGE, untimed) between batches. Lakecast (a runtime per side:
