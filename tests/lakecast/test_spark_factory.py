@@ -32,7 +32,14 @@ def test_delta_classes_load_from_project_jar_folder(spark):
     assert Path(location.removeprefix("file:")).parent == settings.jars_dir
     conf = dict(spark.sparkContext.getConf().getAll())
     assert "spark.jars.packages" not in conf
-    assert all(Path(j).parent == settings.jars_dir for j in conf["spark.jars"].split(","))
+    # the Delta JARs from the JAR folder, plus the JVM lookup's JAR that `lakecast setup`
+    # built into it (lakecast.jvm.build); nothing else
+    from lakecast.jvm.build import built_jar
+
+    jars = conf["spark.jars"].split(",")
+    lookup = built_jar(settings)
+    assert lookup is not None and jars.count(str(lookup)) == 1
+    assert all(Path(j).parent == settings.jars_dir for j in jars if j != str(lookup))
 
 
 def test_session_defaults(spark):
