@@ -84,7 +84,10 @@ def test_worker_killed_mid_batch_then_restarted_and_a_third_worker(
         ml.write_events(spark, lake, f)
     marks = str(tmp_path / "markers")
     os.makedirs(marks)
-    pipeline = _pipeline(lake, marks, delay=4.0, parallelism=4)
+    # 2 s a task: the kill below follows the first marker on worker-1 by ~0.1 s (its poll),
+    # so it still lands mid-task; the surviving executor then runs the other tasks and the
+    # retry one after another, 2 s each (4 s each took ~8 s longer)
+    pipeline = _pipeline(lake, marks, delay=2.0, parallelism=4)
     outcome: dict[str, object] = {}
 
     def run() -> None:
@@ -127,6 +130,12 @@ def test_worker_killed_mid_batch_then_restarted_and_a_third_worker(
     assert result.plan.batch_id == 1 and result.parallelism == 6
     assert len(set(result.executors)) == 3, result.executors  # the state rescaled to 3
     _assert_exact(spark, lake, frames)
+
+    # the test run's cluster back to the fixture's two workers, whatever runs next (the
+    # prod stack test counts two executors)
+    assert cluster.stop_process("worker-3")
+    _wait("2 workers", lambda: cluster.alive_workers() == 2, timeout=90)
+    _wait("2 executors for the server", lambda: cluster.app_cores() == 2, timeout=90)
 
 
 def test_a_taken_port_is_a_clear_error(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """The new user's own tables (not part of what they write for Lakecast): run with the new
 virtualenv's Python from the project folder. ``rates CUR=RATE ...`` upserts FX rates (a new
 ``fx_rates`` version); ``payments FIRST N`` appends N payments with ids FIRST.. (a new
-``payments`` version). Prints the new version."""
+``payments`` version). Prints the new version. Without arguments, it reads one command a
+line from stdin (one Spark start for them all) and prints ``ok`` after each."""
 
 import sys
 
@@ -15,6 +16,18 @@ CURRENCIES = ("USD", "GBP", "EUR", "JPY", "CHF")  # CHF has no rate: unmatched
 def main(argv: list[str]) -> int:
     spark = get_spark(app_name="new-user-tables")
     settings = get_settings()
+    if argv:
+        write(spark, settings, argv)
+        return 0
+    for line in sys.stdin:
+        if line.split():
+            write(spark, settings, line.split())
+        print("ok", flush=True)
+    return 0
+
+
+def write(spark, settings, argv: list[str]) -> None:
+    """One command: ``rates CUR=RATE ...`` or ``payments FIRST N``; prints the new version."""
     if argv[0] == "rates":
         rows = [(c, float(r)) for c, r in (a.split("=") for a in argv[1:])]
         df = spark.createDataFrame(rows, "currency string, rate_to_eur double")
@@ -31,7 +44,6 @@ def main(argv: list[str]) -> int:
         delta_io.write(spark.createDataFrame(rows, "payment_id long, currency string, "
                                                    "amount double"), path)
     print(delta_io.latest_version(path), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

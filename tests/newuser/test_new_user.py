@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from dagster import DagsterInstance
+from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable
 
 from tests import ROOT
@@ -61,6 +65,67 @@ def user_env(tmp: Path, venv: Path) -> dict[str, str]:
     return env
 
 
+def lines_of(stream) -> queue.Queue[str]:
+    """The lines of ``stream`` as a thread reads them; ``""`` once it ends."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def next_line(lines: queue.Queue[str], deadline: float) -> str | None:
+    """The next line, ``""`` at the end, ``None`` when ``deadline`` passes first."""
+    try:
+        return lines.get(timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        return None
+
+
+class UserTables:
+    """``make_tables.py`` running in the user's virtualenv from the project folder, its
+    commands sent one a line on stdin: one Spark start for every table version the test
+    writes (a process of its own per version took ~20 s each)."""
+
+    def __init__(self, python: Path, project: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [str(python), str(HERE / "make_tables.py")], cwd=project, env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"))
+        self.lines = lines_of(self.proc.stdout)
+
+    def __call__(self, *args: str, timeout: float = 600) -> int:
+        """Run one command (``rates USD=0.9 ...``, ``payments FIRST N``); its new version."""
+        try:
+            self.proc.stdin.write(" ".join(args) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it ended: said below
+        said: list[str] = []
+        deadline = time.monotonic() + timeout
+        while not said or said[-1] != "ok":
+            line = next_line(self.lines, deadline)
+            if not line:
+                pytest.fail(f"make_tables.py {' '.join(args)}: no answer (exit "
+                            f"{self.proc.poll()}):\n{''.join(said)}\n"
+                            f"{self.log.read_text()[-4000:]}")
+            said.append(line.strip())
+        return int(said[-2])
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def reference(payments: pd.DataFrame, rates: dict[str, float]) -> pd.DataFrame:
     """What the pipeline must write for ``payments`` at ``rates`` (pandas)."""
     known = payments[payments.currency.isin(list(rates))].copy()
@@ -88,7 +153,7 @@ def assert_rows(got: pd.DataFrame, want: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(g, w, check_dtype=False)
 
 
-def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
+def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> None:
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     assert uv, "uv is part of the dev dependencies"
     timings: dict[str, float] = {}
@@ -106,23 +171,34 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
         assert part in names, part
     assert not [n for n in names if n.split("/")[0] in ("jobs", "assets", "tests", "deploy")]
 
-    # without the extra, no Dagster distribution is installed
+    # without the extra, no Dagster distribution is installed (a dry run, in the background
+    # while the user's virtualenv below is installed)
     run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "bare")], tmp_path, base)
-    dry = run([uv, "pip", "install", "--dry-run", "--python", str(tmp_path / "bare"),
-               "-c", str(ROOT / "constraints.txt"), str(wheel)], tmp_path, base)
-    planned = [line.split()[1] for line in (dry.stdout + dry.stderr).splitlines()
+    dry_cmd = [uv, "pip", "install", "--dry-run", "--python", str(tmp_path / "bare"),
+               "-c", str(ROOT / "constraints.txt"), str(wheel)]
+    dry = subprocess.Popen(dry_cmd, cwd=tmp_path, env=base, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        # the user's virtualenv: the wheel with its dagster extra
+        venv = tmp_path / "venv"
+        t_start = time.monotonic()
+        run([uv, "venv", "-q", "--python", sys.executable, str(venv)], tmp_path, base)
+        run([uv, "pip", "install", "-q", "--python", str(venv), "-c",
+             str(ROOT / "constraints.txt"), f"{wheel}[dagster]"], tmp_path, base, timeout=1200)
+        env = user_env(tmp_path, venv)
+        timings["install"] = time.monotonic() - t_start
+        dry_out, dry_err = dry.communicate(timeout=600)
+    finally:
+        if dry.poll() is None:
+            dry.kill()
+            dry.wait()
+    if dry.returncode != 0:
+        pytest.fail(f"{' '.join(dry_cmd)} exited {dry.returncode}:\n{dry_out[-4000:]}\n"
+                    f"{dry_err[-4000:]}")
+    planned = [line.split()[1] for line in (dry_out + dry_err).splitlines()
                if line.strip().startswith("+ ")]
     assert any(p.startswith("pyspark") for p in planned), planned
     assert not [p for p in planned if p.startswith("dagster")], planned
-
-    # the user's virtualenv: the wheel with its dagster extra
-    venv = tmp_path / "venv"
-    t_start = time.monotonic()
-    run([uv, "venv", "-q", "--python", sys.executable, str(venv)], tmp_path, base)
-    run([uv, "pip", "install", "-q", "--python", str(venv), "-c", str(ROOT / "constraints.txt"),
-         f"{wheel}[dagster]"], tmp_path, base, timeout=1200)
-    env = user_env(tmp_path, venv)
-    timings["install"] = time.monotonic() - t_start
 
     # a new Dagster project, installed into the virtualenv as a user would
     run([uv, "tool", "run", "--from", CREATE_DAGSTER, "create-dagster", "project", "payments",
@@ -133,6 +209,10 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     setup = run(["lakecast", "setup"], project, env)
     assert "JARs ready" in setup.stdout
     assert "JVM lookup JAR: " in setup.stdout and "not built" not in setup.stdout  # javac
+    # the user's own tables (their data, not part of what they write for Lakecast): their
+    # script's Spark starts now, beside the scaffolding
+    tables = UserTables(venv / "bin" / "python", project, env, tmp_path / "tables.log")
+    request.addfinalizer(tables.close)
 
     # dg scaffolds the component; the user fills in defs.yaml and writes the function
     run(["dg", "scaffold", "defs", COMPONENT, "fx_payments"], project, env)
@@ -145,12 +225,6 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
         user_lines += len([line for line in text.splitlines() if line.strip()])
     print(f"\nuser-written lines (YAML + Python, non-blank): {user_lines}")
     assert user_lines <= 40
-
-    # the user's own tables (their data, not part of what they write for Lakecast)
-    def tables(*args: str) -> int:
-        out = run([str(venv / "bin" / "python"), str(HERE / "make_tables.py"), *args],
-                  project, env)
-        return int(out.stdout.strip().splitlines()[-1])
 
     rates0 = {"USD": 0.9, "GBP": 1.15, "EUR": 1.0, "JPY": 0.0062}
     tables("rates", *(f"{c}={r}" for c, r in rates0.items()))
@@ -188,13 +262,34 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     continuous = subprocess.Popen(
         ["dg", "launch", "--job", "fx_continuous", "--config-json", json.dumps(config)],
         cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def watching() -> bool:
+        """The continuous run's log, in the user's instance, says it watches the tables."""
+        ref = InstanceRef.from_dir(str(tmp_path / "dagster_home"))
+        with DagsterInstance.from_ref(ref) as instance:
+            runs = [r for r in instance.get_runs(limit=1) if r.job_name == "fx_continuous"]
+            return bool(runs) and any("task-local state warmed" in (e.user_message or "")
+                                      for e in instance.all_logs(runs[0].run_id))
+
+    said: list[str] = []
+    lines, deadline = lines_of(continuous.stdout), time.monotonic() + 300
     try:
-        time.sleep(5)
+        # the commit lands once the run watches the tables
+        while not watching():
+            assert continuous.poll() is None and time.monotonic() < deadline, (
+                "the continuous run never watched the tables")
+            time.sleep(0.5)
         tables("payments", "30", "5")
-        out, _ = continuous.communicate(timeout=300)
+        while line := next_line(lines, deadline):
+            said.append(line)
+        continuous.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         if continuous.poll() is None:
             continuous.kill()
+            continuous.wait()
+        while line := next_line(lines, time.monotonic() + 1):
+            said.append(line)
+    out = "".join(said)
     assert continuous.returncode == 0, out[-4000:]
     third = payments_frame(30, 5)
     want = pd.concat([want, reference(third, rates1)])
@@ -202,6 +297,7 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     every = pd.concat([first, second, third])
     unmatched = table(project, "payments_unmatched")
     assert sorted(unmatched.payment_id) == sorted(every[every.currency == "CHF"].payment_id)
+    tables.close()  # the last table version is written
     print("timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
 
     # bad input: each fails loading the definitions with the file, the field and the fix
