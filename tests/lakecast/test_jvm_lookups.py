@@ -107,6 +107,28 @@ def test_the_state_files_are_the_chain_and_go_with_the_runtime(spark, tables):
     assert not folder.exists()
 
 
+@pytest.mark.parametrize("gone", ["dim_users-v0.full.arrow", "dim_users@*.manifest"],
+                         ids=["state-file", "manifest"])
+def test_a_state_file_gone_before_the_job_is_a_clear_error(spark, tables, gone):
+    """A state file or manifest removed between planning and the job (another process
+    cleaned ``var/``): the job fails naming the file and the fix, not a bare IOException."""
+    _, events = _events(spark)
+    runtime = BroadcastRuntime(spark, _function(), tables)
+    try:
+        result = runtime.process(events, until={"dim_users": 0, "dim_products": 0})
+        assert runtime.jvm is not None
+        (path,) = runtime.jvm.root.glob(f"*/{gone}")
+        path.unlink()
+        with pytest.raises(Exception) as err:
+            result.collect()
+        message = str(err.value)
+        assert f"Lakecast JVM lookup state {'manifest' if 'manifest' in gone else 'file'} " \
+               f"{path} is missing" in message
+        assert "Rerun the batch" in message and "jvm_lookups=False" in message
+    finally:
+        runtime.close()
+
+
 def test_values_of_every_held_type_and_string_keys(spark, tmp_path):
     """Dates, timestamps, decimals, booleans, binary, floats, ints and strings come back
     as Spark typed them, for a string key, equal to the Python workers' rows."""

@@ -141,6 +141,15 @@ def _sweep(root: Path, older_than_s: float = 86_400.0) -> None:
             continue
 
 
+def _value_type(schema: pa.Schema, pairs: Sequence[tuple[str, str]]) -> Any:
+    """The lookup UDF's result type: the looked-up columns as ``v0, v1, ...``."""
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f"v{j}", from_arrow_type(schema.field(s).type, False))
+                       for j, (s, _) in enumerate(pairs)])
+
+
 class JvmLookups:
     """The state files of one runtime's chain and the planning of its JVM lookups."""
 
@@ -249,8 +258,6 @@ class JvmLookups:
              state_bytes: int = 0) -> JoinedResult:
         """The run of the lookups over ``events`` at the end of ``chain`` (lazy)."""
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_type
-        from pyspark.sql.types import StructField, StructType
 
         manifests = self.manifests(chain, schemas)
         event_types = {f.name: f.dataType.simpleString() for f in events.schema.fields}
@@ -258,10 +265,7 @@ class JvmLookups:
 
         def probe(i: int, lk: Lookup, frame: DataFrame,
                   pairs: list[tuple[str, str]]) -> tuple[DataFrame, Any, list[Any]]:
-            schema = schemas[lk.table]
-            value_type = StructType([
-                StructField(f"v{j}", from_arrow_type(schema.field(s).type, False))
-                for j, (s, _) in enumerate(pairs)])
+            value_type = _value_type(schemas[lk.table], pairs)
             keys = [F.col(f"`{e}`").cast("bigint")
                     if event_types[e] in ("tinyint", "smallint", "int", "bigint")
                     else F.col(f"`{e}`") for e, _ in lk.key_pairs]
@@ -282,17 +286,12 @@ class JvmLookups:
              schemas: Mapping[str, pa.Schema], tasks: int) -> None:
         """Build the state in the executors of ``tasks`` tasks (a lookup of no key each)."""
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_type
-        from pyspark.sql.types import StructField, StructType
 
         manifests = self.manifests(chain, schemas)
         cols = []
         for lk in self.function.lookups:
             schema = schemas[lk.table]
-            value_type = StructType([
-                StructField(f"v{j}", from_arrow_type(schema.field(s).type, False))
-                for j, (s, _) in enumerate(lk.column_pairs(schema))])
-            name = self._function_name(spark, value_type)
+            name = self._function_name(spark, _value_type(schema, lk.column_pairs(schema)))
             cols.append(F.call_function(name, F.lit(bytearray(manifests[lk.table].encode())),
                                         F.lit(None).cast("bigint")).isNull())
         spark.range(0, tasks, 1, tasks).select(*cols).collect()

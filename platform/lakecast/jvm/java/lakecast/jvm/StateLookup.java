@@ -1,9 +1,11 @@
 package lakecast.jvm;
 
 import java.io.FileInputStream;
+import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
 import java.nio.file.Paths;
 import java.time.Instant;
 import java.time.LocalDate;
@@ -71,7 +73,12 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
 
     /** The state the manifest names, built or brought forward in this JVM. */
     static Map<Object, Row> stateAt(String manifest) throws IOException {
-        List<String> lines = Files.readAllLines(Paths.get(manifest));
+        List<String> lines;
+        try {
+            lines = Files.readAllLines(Paths.get(manifest));
+        } catch (NoSuchFileException e) {
+            throw missing("manifest", manifest);
+        }
         if (lines.isEmpty()) {
             throw new IOException("empty Lakecast state manifest " + manifest);
         }
@@ -82,6 +89,15 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             lineage = LINEAGES.computeIfAbsent(lines.get(0), k -> new Lineage());
         }
         return lineage.at(lines.subList(1, lines.size()));
+    }
+
+    /** The error of a state file or manifest gone while a job needed it. */
+    static IOException missing(String what, String path) {
+        return new IOException("Lakecast JVM lookup state " + what + " " + path
+            + " is missing: the runtime that wrote it was closed or rebased while this job"
+            + " ran, or its var/jvm-state folder was removed. Rerun the batch (its runtime"
+            + " writes the state files again); executors must see the project's var/ folder,"
+            + " or pass jvm_lookups=False to keep the state in the Python workers.");
     }
 
     /** The state folder of a lineage ({@code <folder>|<table>}). */
@@ -122,6 +138,14 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
         }
     }
 
+    private static FileInputStream open(String file) throws IOException {
+        try {
+            return new FileInputStream(file);
+        } catch (FileNotFoundException e) {
+            throw missing("file", file);
+        }
+    }
+
     /** {@code rows} with a state file applied: a full file gives a new map (tasks still
      *  reading the old one keep it whole), a changes file changes {@code rows}. */
     static Map<Object, Row> apply(Map<Object, Row> rows, String file) throws IOException {
@@ -130,7 +154,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             throw new IOException("not a Lakecast state file: " + file);
         }
         try (BufferAllocator alloc = new RootAllocator();
-             FileInputStream in = new FileInputStream(file);
+             FileInputStream in = open(file);
              ArrowFileReader reader = new ArrowFileReader(in.getChannel(), alloc)) {
             VectorSchemaRoot root = reader.getVectorSchemaRoot();
             String keys = root.getSchema().getCustomMetadata().get("lakecast.keys");
