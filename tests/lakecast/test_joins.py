@@ -162,7 +162,7 @@ def test_joins_refuses_python_logic_and_unread_metrics(spark, tables):
     assert not_joinable(_function()) is None
     _, events = _events(spark)
     result = BroadcastRuntime(spark, _function(), tables, execution="joins").process(events)
-    with pytest.raises(LakecastError, match="no action has consumed this joins result"):
+    with pytest.raises(LakecastError, match="no action has consumed this lookup result"):
         result.metrics()
 
 

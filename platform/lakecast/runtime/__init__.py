@@ -8,6 +8,7 @@ runtimes that implement :class:`lakecast.pipeline.contract.BatchRuntime`.
 - :mod:`~lakecast.runtime.broadcast`       BroadcastRuntime: task-local state on Spark
 - :mod:`~lakecast.runtime.jvm_state`       a pure enrich's task-local state in the executor JVM
 - :mod:`~lakecast.runtime.joins`           ``execution="joins"``: a pure enrich as broadcast joins
+- :mod:`~lakecast.runtime.lookup_plan`     a pure enrich's one-pass frame over either probe
 - :mod:`~lakecast.runtime.result`          BroadcastResult: the views and accounting of one run
 - :mod:`~lakecast.runtime.metrics`         task/run metrics, the state budget
 - :mod:`~lakecast.runtime.keyed_backend`   keyed state of one task and its primitives

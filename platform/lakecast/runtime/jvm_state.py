@@ -16,8 +16,9 @@ the Python workers apply (:mod:`lakecast.runtime.broadcast`):
   runtime) reads the base. The run's state version is fixed on the driver before the job,
   as a literal of the manifest, so a retried task computes the same result;
 * defaults, routing of misses, side outputs, lineage and accounting are those of
-  :func:`~lakecast.runtime.joins.plan_lookups` (one observation; the accounting row's
-  ``cache`` is :data:`JVM_CACHE`).
+  :class:`~lakecast.runtime.lookup_plan.LookupPlan` (one observation; the accounting row's
+  ``cache`` is :data:`JVM_CACHE`), built once per runtime and events schema: a run only
+  adds its lookups' calls, whose manifests name its version.
 
 Not available (said once, with the reason; the lookups then run in the Python workers):
 the JAR was not built (no JDK at ``lakecast setup``), the session was started without it,
@@ -42,7 +43,7 @@ import pyarrow as pa
 
 from lakecast.api.element import CHANGE_TYPE, BroadcastElement
 from lakecast.api.enrich import Enrichment, Lookup
-from lakecast.runtime.joins import JoinedResult, plan_lookups
+from lakecast.runtime.lookup_plan import JoinedResult, LookupPlan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -150,6 +151,15 @@ def _value_type(schema: pa.Schema, pairs: Sequence[tuple[str, str]]) -> Any:
                        for j, (s, _) in enumerate(pairs)])
 
 
+def _columns(i: int, lk: Lookup, pairs: list[tuple[str, str]]) -> tuple[Any, list[Any]]:
+    """Lookup ``i``'s miss and values on the frame its call added (``__lk<i>``, a struct
+    that is null where the key has no row)."""
+    from pyspark.sql import functions as F
+
+    found = F.col(f"__lk{i}")
+    return found.isNull(), [found.getField(f"v{j}") for j in range(len(pairs))]
+
+
 class JvmLookups:
     """The state files of one runtime's chain and the planning of its JVM lookups."""
 
@@ -161,6 +171,7 @@ class JvmLookups:
         #: and executors then drop its state
         self.ephemeral = ephemeral
         self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> files
+        self._plan = LookupPlan(function, _columns, JVM_CACHE)
         _sweep(root)
 
 
@@ -260,27 +271,21 @@ class JvmLookups:
         from pyspark.sql import functions as F
 
         manifests = self.manifests(chain, schemas)
-        event_types = {f.name: f.dataType.simpleString() for f in events.schema.fields}
-        found: list[Any] = []  # the lookups' struct columns, added in one projection
-
-        def probe(i: int, lk: Lookup, frame: DataFrame,
-                  pairs: list[tuple[str, str]]) -> tuple[DataFrame, Any, list[Any]]:
-            value_type = _value_type(schemas[lk.table], pairs)
-            keys = [F.col(f"`{e}`").cast("bigint")
-                    if event_types[e] in ("tinyint", "smallint", "int", "bigint")
-                    else F.col(f"`{e}`") for e, _ in lk.key_pairs]
-            key = keys[0] if len(keys) == 1 else F.struct(*keys)
-            col = f"__lk{i}"
-            found.append(F.call_function(
-                self._function_name(spark, value_type),
-                F.lit(bytearray(manifests[lk.table].encode())), key).alias(col))
-            return (frame, F.col(col).isNull(),
-                    [F.col(col).getField(f"v{j}") for j in range(len(pairs))])
-
-        return plan_lookups(spark, self.function, schemas, versions, events, lineage,
-                            function_id, budget_bytes, probe, JVM_CACHE, timezone=timezone,
-                            finish=lambda frame: frame.select("*", *found),
-                            state_bytes=state_bytes)
+        events_schema = events.schema
+        integers = {f.name for f in events_schema.fields
+                    if f.dataType.simpleString() in ("tinyint", "smallint", "int", "bigint")}
+        calls = []
+        for i, lk in enumerate(self.function.lookups):
+            schema = schemas[lk.table]
+            keys = [F.col(f"`{e}`").cast("bigint") if e in integers else F.col(f"`{e}`")
+                    for e, _ in lk.key_pairs]
+            calls.append(F.call_function(
+                self._function_name(spark, _value_type(schema, lk.column_pairs(schema))),
+                F.lit(bytearray(manifests[lk.table].encode())),
+                keys[0] if len(keys) == 1 else F.struct(*keys)).alias(f"__lk{i}"))
+        return self._plan.run(spark, events_schema, events.select("*", *calls), schemas,
+                              versions, lineage, function_id, budget_bytes,
+                              timezone=timezone, state_bytes=state_bytes)
 
     def warm(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], tasks: int) -> None:
