@@ -136,7 +136,8 @@ class PipelineDeclaration:
     sensor_events: SensorEventsHook | None = None
     #: ``"joins"``: a pure ``enrich(Lookup...)`` runs each batch as Spark broadcast joins
     #: (:mod:`lakecast.runtime.joins`; large cold batches, e.g. backfills) instead of on
-    #: task-local state (``"tasks"``, warm micro-batches)
+    #: task-local state (``"tasks"``, warm micro-batches; for a pure lookup, held in the
+    #: executor JVM and not checkpointed, :func:`lakecast.build.broadcast_pipeline`)
     execution: str = "tasks"
 
     @property

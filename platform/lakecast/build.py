@@ -20,7 +20,7 @@ Both lay their progress log (and snapshots) under ``checkpoint_root/<pipeline na
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lakecast.api.functions import BroadcastProcessFunction
@@ -29,6 +29,8 @@ from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
 from lakecast.pipeline.progress import ProgressLog, progress_path
 from lakecast.runtime.broadcast import BroadcastRuntime
+from lakecast.runtime.joins import not_joinable
+from lakecast.runtime.jvm_state import say_once, unavailable
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
 from lakecast.snapshots.checkpointer import Checkpointer
 from lakecast.snapshots.runtime import SnapshottingRuntime
@@ -54,9 +56,12 @@ def broadcast_pipeline(
     """A broadcast pipeline over ``spec``'s tables. ``checkpoint_every``: checkpoint the
     broadcast state every N committed batches (``None``: never); ``keep_checkpoints``:
     retention; ``runtime_options`` go to the runtime (``timestamp_column``, ...);
-    ``execution="joins"`` (a pure ``enrich(Lookup...)``, :mod:`lakecast.runtime.joins`) runs
-    each batch as Spark broadcast joins at its planned versions: no task state, so no
-    checkpoints."""
+    A pure ``enrich(Lookup...)`` keeps no state in the Python workers, so it takes no
+    checkpoints: by default its task-local state lives in the executor JVM
+    (:mod:`lakecast.runtime.jvm_state`; rebuilt there from the Delta versions the batch
+    planned), and ``execution="joins"`` (:mod:`lakecast.runtime.joins`) runs each batch as
+    Spark broadcast joins at those versions. ``jvm_lookups=False`` keeps a pure lookup's
+    state in the Python workers, checkpointed like any other function's."""
     log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
     store = SnapshotStore(spark, f"{checkpoint_root}/{spec.name}/snapshots", spec.name)
     checkpointer = (Checkpointer(store, log, every=checkpoint_every, keep=keep_checkpoints)
@@ -64,7 +69,7 @@ def broadcast_pipeline(
     tables = {t: table_path(t) for t in spec.broadcast_tables}
     gate = VersionGate(spark, tables, function.table_contracts())
     runtime: BroadcastRuntime
-    if runtime_options.get("execution", "tasks") == "joins":  # no task state to checkpoint
+    if _no_python_state(spark, function, runtime_options):  # nothing to checkpoint
         runtime = BroadcastRuntime(spark, function, tables, parallelism=parallelism,
                                    reload_if=gate.reload_reason, **runtime_options)
     else:
@@ -73,6 +78,21 @@ def broadcast_pipeline(
                                       **runtime_options)
     return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator,
                               version_gate=gate)
+
+
+def _no_python_state(spark: SparkSession, function: BroadcastProcessFunction,
+                     options: Mapping[str, Any]) -> bool:
+    """Whether the runtime holds no state in the Python workers: joins, or a pure lookup
+    whose state the executor JVM holds (``unavailable`` says once why it cannot)."""
+    if options.get("execution", "tasks") == "joins":
+        return True
+    wanted = options.get("jvm_lookups")
+    if wanted is False or not_joinable(function) is not None:
+        return False
+    why = None if wanted is True else unavailable(spark)  # (True: the runtime refuses)
+    if why is not None:
+        say_once(why)
+    return why is None
 
 
 def keyed_pipeline(

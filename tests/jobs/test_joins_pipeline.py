@@ -1,7 +1,8 @@
-"""A micro-batch pipeline with ``execution="joins"`` (issue 15 (a)): a pure
-enrich(Lookup...) planned as broadcast joins writes, batch by batch, exactly what the same
-pipeline on task-local state writes — across a broadcast change and a refused version —
-and what pandas computes from the table versions each batch planned."""
+"""A micro-batch pipeline of a pure enrich(Lookup...) in its three executions — task-local
+state in the executor JVM (the default), broadcast joins (``execution="joins"``) and
+task-local state in the Python workers (``jvm_lookups=False``, checkpointed) — writes, batch
+by batch, the same rows, across a broadcast change and a refused version, and what pandas
+computes from the table versions each batch planned."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from lakecast import Lookup, enrich
 from lakecast.build import broadcast_pipeline
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import PipelineSpec
+from lakecast.snapshots.runtime import SnapshottingRuntime
 from tests.jobs import microbatch_lake as ml
 
 
@@ -43,15 +45,20 @@ def _read(spark, lake, table: str) -> pd.DataFrame:
     return df.sort_values("event_id").reset_index(drop=True)
 
 
-def test_joins_pipeline_writes_what_the_task_plan_and_pandas_do(spark, lake):
+def test_a_pure_lookup_pipeline_writes_the_same_rows_in_each_execution_as_pandas(spark, lake):
     ml.build(spark, lake)
+    options = {"tasks": {}, "joins": {"execution": "joins"}, "python": {"jvm_lookups": False}}
     pipelines = {
-        execution: broadcast_pipeline(spark, _spec(f"lookups_{execution}"), _function(),
-                                      table_path=lake.table_path,
-                                      checkpoint_root=lake.checkpoint_root,
-                                      validator=validate_events, execution=execution)
-        for execution in ("tasks", "joins")
+        name: broadcast_pipeline(spark, _spec(f"lookups_{name}"), _function(),
+                                 table_path=lake.table_path,
+                                 checkpoint_root=lake.checkpoint_root,
+                                 validator=validate_events, **opts)
+        for name, opts in options.items()
     }
+    # the default keeps a pure lookup's state in the executor JVM: nothing to checkpoint
+    assert {n: (p.runtime.state_engine, isinstance(p.runtime, SnapshottingRuntime))
+            for n, p in pipelines.items()} == {
+        "tasks": ("jvm", False), "joins": ("joins", False), "python": ("python", True)}
     results = {e: [] for e in pipelines}
     batches = [ml.events(0, 300, seed=31)]
     ml.write_events(spark, lake, batches[0])
@@ -70,31 +77,35 @@ def test_joins_pipeline_writes_what_the_task_plan_and_pandas_do(spark, lake):
     for e, p in pipelines.items():
         results[e] += p.run()
 
-    assert [len(r) for r in results.values()] == [2, 2]
+    assert [len(r) for r in results.values()] == [2, 2, 2]
     segments = [ml.segments_v1(), segs2]
     # pandas, from the events alone: the valid events (the validator's rules, rewritten in
     # ml.expected) and where each goes (products v0 in both batches: v1 is refused)
     models = [ml.expected(ev, segments[i], 10.0) for i, ev in enumerate(batches)]
-    for i, (tasks, joins) in enumerate(zip(results["tasks"], results["joins"], strict=True)):
-        assert joins.state_version == tasks.state_version
-        assert joins.refused_versions == tasks.refused_versions
+    for i, (tasks, joins, python) in enumerate(zip(
+            results["tasks"], results["joins"], results["python"], strict=True)):
+        for other in (joins, python):
+            assert other.state_version == tasks.state_version
+            assert other.refused_versions == tasks.refused_versions
         m = models[i]
         want = {"events_in": len(batches[i]), "rejected": len(m["rejected"]),
                 "processed": len(m["accepted"]), "enriched": len(m["enriched"]),
                 "unmatched": len(m["unmatched"])}
-        for r in (tasks, joins):
+        for r in (tasks, joins, python):
             assert {k: r.counts[k] for k in want} == want
-        # the joins plan holds no Python state; the task plan does (it ran as tasks)
+        # the joins plan holds no state between batches; task-local state does (one
+        # copy per executor JVM, or per Python task)
         assert joins.state_bytes_per_task == 0 < tasks.state_bytes_per_task
+        assert python.state_bytes_per_task > 0
     assert results["joins"][1].state_version == {DIM_PRODUCTS: 0, USER_SEGMENTS: 1}
     assert [(r["table"], r["version"]) for r in results["joins"][1].refused_versions] == [
         (DIM_PRODUCTS, 1)]
 
     out = {e: {kind: _read(spark, lake, f"lookups_{e}_{kind}")
                for kind in ("enriched", "unmatched", "rejected")} for e in pipelines}
-    for kind in ("enriched", "unmatched"):
-        pd.testing.assert_frame_equal(out["joins"][kind], out["tasks"][kind])
-    pd.testing.assert_frame_equal(out["joins"]["rejected"], out["tasks"]["rejected"])
+    for kind in ("enriched", "unmatched", "rejected"):
+        for other in ("tasks", "python"):
+            pd.testing.assert_frame_equal(out["joins"][kind], out[other][kind])
 
     # pandas: each batch's valid events against the versions it planned
     enriched, unmatched = out["joins"]["enriched"], out["joins"]["unmatched"]
