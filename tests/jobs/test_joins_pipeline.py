@@ -105,7 +105,10 @@ def test_a_pure_lookup_pipeline_writes_the_same_rows_in_each_execution_as_pandas
                for kind in ("enriched", "unmatched", "rejected")} for e in pipelines}
     for kind in ("enriched", "unmatched", "rejected"):
         for other in ("tasks", "python"):
-            pd.testing.assert_frame_equal(out["joins"][kind], out[other][kind])
+            try:
+                pd.testing.assert_frame_equal(out["joins"][kind], out[other][kind])
+            except AssertionError as e:
+                raise AssertionError(f"{other} {kind} differs from joins: {e}") from None
 
     # pandas: each batch's valid events against the versions it planned
     enriched, unmatched = out["joins"]["enriched"], out["joins"]["unmatched"]

@@ -162,6 +162,44 @@ def test_values_of_every_held_type_and_string_keys(spark, tmp_path):
     assert [r["label"] for r in got[2:]] == ["?", "?"]  # no row, a null key: the default
 
 
+@pytest.mark.parametrize("ids", [list(range(-3, 500)),  # dense: an array by key
+                                 [-(2**62), -7, 0, 3, 2**40, 2**62 + 11]],  # sparse
+                         ids=["dense", "sparse"])
+def test_integer_keys_dense_or_sparse_equal_pandas(spark, tmp_path, ids):
+    """Integer keys go through the JVM state's flat index (an array for a dense range,
+    open addressing for sparse keys); hits, misses below, between and above the keys
+    and null keys equal pandas, version after version: an update, a delete and an insert
+    in one step, then an overwrite (its changes list the inserts before the deletes)."""
+    path = str(tmp_path / "dim_accounts")
+    dim = pd.DataFrame({"account": ids, "tier": [f"t{i % 7}" for i in range(len(ids))]})
+    delta_io.write(spark.createDataFrame(dim), path, mode="overwrite")
+    probes = [*ids, min(ids) - 1, max(ids) + 1, ids[0] + 1 if ids[1] - ids[0] > 1 else 10**15,
+              -(2**63), 2**63 - 1]
+    events = spark.createDataFrame(list(enumerate([*probes, None])),
+                                   "event_id long, account long")
+    fn = enrich(Lookup("dim_accounts", key="account", defaults={"tier": "none"}))
+    runtime = BroadcastRuntime(spark, fn, {"dim_accounts": path}, lineage=False)
+    assert runtime.state_engine == "jvm"
+    try:
+        for step, version in enumerate((0, 3, 4)):
+            if step == 1:  # update one key, delete another, insert a new one
+                spark.sql(f"UPDATE delta.`{path}` SET tier = 'up' WHERE account = {ids[-1]}")
+                spark.sql(f"DELETE FROM delta.`{path}` WHERE account = {ids[0]}")
+                spark.sql(f"INSERT INTO delta.`{path}` VALUES ({max(ids) + 1}, 'new')")
+            if step == 2:  # the same keys but the first, other tiers
+                delta_io.write(spark.createDataFrame(pd.DataFrame(
+                    {"account": ids[1:], "tier": [f"o{i % 3}" for i in range(len(ids) - 1)]})),
+                    path, mode="overwrite")
+            want = delta_io.read(spark, path, version=version).toPandas()
+            tiers = dict(zip(want["account"], want["tier"], strict=True))
+            got = runtime.process(events).collect().main.sort_by("event_id").to_pylist()
+            expected = [tiers.get(a, "none") if a is not None else "none"
+                        for a in [*probes, None]]
+            assert [r["tier"] for r in got] == expected
+    finally:
+        runtime.close()
+
+
 def test_a_key_type_the_jvm_state_does_not_hold_runs_in_python_said_once(spark, tmp_path,
                                                                            caplog):
     """A double key: the lookups run in the Python workers, and the log says why once."""

@@ -22,6 +22,7 @@ import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.TimeStampMicroTZVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.ipc.ArrowFileReader;
+import org.apache.arrow.vector.ipc.message.ArrowBlock;
 import org.apache.arrow.vector.util.Text;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
@@ -57,7 +58,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
         };
 
     private transient byte[] lastManifest;
-    private transient Map<Object, Row> lastState;
+    private transient State lastState;
 
     @Override
     public Row call(byte[] manifest, Object key) throws Exception {
@@ -72,7 +73,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     }
 
     /** The state the manifest names, built or brought forward in this JVM. */
-    static Map<Object, Row> stateAt(String manifest) throws IOException {
+    static State stateAt(String manifest) throws IOException {
         List<String> lines;
         try {
             lines = Files.readAllLines(Paths.get(manifest));
@@ -122,19 +123,130 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     static final class Lineage {
         private List<String> applied = new ArrayList<>();
         private Map<Object, Row> rows = new ConcurrentHashMap<>();
+        /** What tasks read: {@code rows} as of {@code applied} (null: not built yet). */
+        private State state;
 
-        synchronized Map<Object, Row> at(List<String> files) throws IOException {
+        synchronized State at(List<String> files) throws IOException {
             boolean extends_ = files.size() >= applied.size()
                 && files.subList(0, applied.size()).equals(applied);
             if (!extends_) {  // another chain (an older version, a new base): built apart
                 rows = new ConcurrentHashMap<>();
                 applied = new ArrayList<>();
+                state = null;
             }
             for (String file : files.subList(applied.size(), files.size())) {
                 rows = apply(rows, file);
                 applied.add(file);
+                state = null;
             }
-            return rows;
+            if (state == null) {
+                state = State.of(rows);
+            }
+            return state;
+        }
+    }
+
+    /** A state version as tasks read it. Integer keys (Spark hands them as {@code Long})
+     *  go through a flat index built once per version: an array by key when the keys are
+     *  dense (as Spark's own hashed relation does), else open addressing over a
+     *  {@code long[]}, so a lookup touches two arrays and its row instead of a hash map's
+     *  chain of boxed objects. Other keys use the map. */
+    static final class State {
+        private final Map<Object, Row> rows;
+        private final LongIndex longs;
+
+        private State(Map<Object, Row> rows, LongIndex longs) {
+            this.rows = rows;
+            this.longs = longs;
+        }
+
+        static State of(Map<Object, Row> rows) {
+            for (Object key : rows.keySet()) {
+                if (!(key instanceof Long)) {
+                    return new State(rows, null);
+                }
+            }
+            return new State(rows, new LongIndex(rows));
+        }
+
+        Row get(Object key) {
+            if (longs != null) {
+                return key instanceof Long ? longs.get((Long) key) : null;
+            }
+            return rows.get(key);
+        }
+    }
+
+    /** A read-only {@code long -> Row} index of one state version. */
+    static final class LongIndex {
+        private final long min;
+        private final long max;
+        private final Row[] dense;
+        private final long[] keys;
+        private final Row[] slots;
+        private final int mask;
+
+        LongIndex(Map<Object, Row> rows) {
+            long lo = 0;
+            long hi = -1;
+            for (Object key : rows.keySet()) {
+                long k = (Long) key;
+                if (hi < lo) {
+                    lo = k;
+                    hi = k;
+                }
+                lo = Math.min(lo, k);
+                hi = Math.max(hi, k);
+            }
+            min = lo;
+            max = hi;
+            int n = rows.size();
+            if (n > 0 && hi - lo >= 0 && hi - lo < 4L * n + 1024) {
+                dense = new Row[(int) (hi - lo + 1)];
+                for (Map.Entry<Object, Row> e : rows.entrySet()) {
+                    dense[(int) ((Long) e.getKey() - lo)] = e.getValue();
+                }
+                keys = null;
+                slots = null;
+                mask = 0;
+                return;
+            }
+            dense = null;
+            int capacity = Integer.highestOneBit(Math.max(8, n) * 2 - 1) << 1;
+            keys = new long[capacity];
+            slots = new Row[capacity];
+            mask = capacity - 1;
+            for (Map.Entry<Object, Row> e : rows.entrySet()) {
+                long k = (Long) e.getKey();
+                int i = mix(k) & mask;
+                while (slots[i] != null) {
+                    i = (i + 1) & mask;
+                }
+                keys[i] = k;
+                slots[i] = e.getValue();
+            }
+        }
+
+        private static int mix(long k) {
+            long h = k * 0x9E3779B97F4A7C15L;
+            return (int) (h ^ (h >>> 32));
+        }
+
+        Row get(long k) {
+            if (k < min || k > max) {
+                return null;
+            }
+            if (dense != null) {
+                return dense[(int) (k - min)];
+            }
+            int i = mix(k) & mask;
+            while (true) {
+                Row row = slots[i];
+                if (row == null || keys[i] == k) {
+                    return row;
+                }
+                i = (i + 1) & mask;
+            }
         }
     }
 
@@ -167,30 +279,43 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
                 long expected = total == null ? 16 : Long.parseLong(total);
                 rows = new ConcurrentHashMap<>((int) Math.min(1 << 29, expected * 4 / 3 + 16));
             }
-            while (reader.loadNextBatch()) {
-                applyBatch(rows, root, nKeys, full);
+            // a version's deletes first, then its upserts, over the whole file: its record
+            // batches may hold both kinds in any order (an overwrite's inserts come first)
+            List<ArrowBlock> blocks = reader.getRecordBlocks();
+            if (!full) {
+                for (ArrowBlock block : blocks) {
+                    reader.loadRecordBatch(block);
+                    applyDeletes(rows, root, nKeys);
+                }
+            }
+            for (ArrowBlock block : blocks) {
+                reader.loadRecordBatch(block);
+                applyUpserts(rows, root, nKeys, full);
             }
         }
         return rows;
     }
 
-    private static void applyBatch(Map<Object, Row> rows, VectorSchemaRoot root, int nKeys,
-                                   boolean full) {
+    private static void applyDeletes(Map<Object, Row> rows, VectorSchemaRoot root,
+                                     int nKeys) {
         List<FieldVector> vectors = root.getFieldVectors();
-        int nValues = vectors.size() - nKeys - (full ? 0 : 1);
-        FieldVector change = full ? null : vectors.get(vectors.size() - 1);
-        int n = root.getRowCount();
-        if (change != null) {  // a version's deletes first, then its upserts
-            for (int i = 0; i < n; i++) {
-                if ("delete".equals(key(change, i))) {
-                    Object key = keyAt(vectors, nKeys, i);
-                    if (key != null) {
-                        rows.remove(key);
-                    }
+        FieldVector change = vectors.get(vectors.size() - 1);
+        for (int i = 0; i < root.getRowCount(); i++) {
+            if ("delete".equals(key(change, i))) {
+                Object key = keyAt(vectors, nKeys, i);
+                if (key != null) {
+                    rows.remove(key);
                 }
             }
         }
-        for (int i = 0; i < n; i++) {
+    }
+
+    private static void applyUpserts(Map<Object, Row> rows, VectorSchemaRoot root, int nKeys,
+                                     boolean full) {
+        List<FieldVector> vectors = root.getFieldVectors();
+        int nValues = vectors.size() - nKeys - (full ? 0 : 1);
+        FieldVector change = full ? null : vectors.get(vectors.size() - 1);
+        for (int i = 0; i < root.getRowCount(); i++) {
             if (change != null) {
                 Object type = key(change, i);
                 if (!"insert".equals(type) && !"update_postimage".equals(type)) {
