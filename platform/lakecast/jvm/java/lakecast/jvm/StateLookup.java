@@ -11,6 +11,7 @@ import java.time.Instant;
 import java.time.LocalDate;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -123,6 +124,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     static final class Lineage {
         private List<String> applied = new ArrayList<>();
         private Map<Object, Row> rows = new ConcurrentHashMap<>();
+        private Interner interner = new Interner();
         /** What tasks read: {@code rows} as of {@code applied} (null: not built yet). */
         private State state;
 
@@ -132,10 +134,11 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             if (!extends_) {  // another chain (an older version, a new base): built apart
                 rows = new ConcurrentHashMap<>();
                 applied = new ArrayList<>();
+                interner = new Interner();
                 state = null;
             }
             for (String file : files.subList(applied.size(), files.size())) {
-                rows = apply(rows, file);
+                rows = apply(rows, file, interner);
                 applied.add(file);
                 state = null;
             }
@@ -174,6 +177,39 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
                 return key instanceof Long ? longs.get((Long) key) : null;
             }
             return rows.get(key);
+        }
+    }
+
+    /** Equal values of a column share one instance while the column has few distinct
+     *  values (segments, categories, prices): a state's rows then point at a few hot
+     *  objects instead of a copy each, which is what a lookup's result reads. */
+    static final class Interner {
+        /** Distinct values a column may have before it is no longer interned. */
+        static final int MAX_DISTINCT = 1 << 16;
+        private final List<Map<Object, Object>> columns = new ArrayList<>();
+        private final List<Boolean> open = new ArrayList<>();
+
+        Object intern(int column, Object value) {
+            if (value == null || value instanceof byte[]) {
+                return value;  // (arrays compare by identity)
+            }
+            while (columns.size() <= column) {
+                columns.add(new HashMap<>());
+                open.add(true);
+            }
+            if (!open.get(column)) {
+                return value;
+            }
+            Map<Object, Object> seen = columns.get(column);
+            Object known = seen.putIfAbsent(value, value);
+            if (known != null) {
+                return known;
+            }
+            if (seen.size() > MAX_DISTINCT) {  // a high-cardinality column: stop here
+                seen.clear();
+                open.set(column, false);
+            }
+            return value;
         }
     }
 
@@ -260,7 +296,8 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
 
     /** {@code rows} with a state file applied: a full file gives a new map (tasks still
      *  reading the old one keep it whole), a changes file changes {@code rows}. */
-    static Map<Object, Row> apply(Map<Object, Row> rows, String file) throws IOException {
+    static Map<Object, Row> apply(Map<Object, Row> rows, String file, Interner interner)
+            throws IOException {
         boolean full = file.endsWith(".full.arrow");
         if (!full && !file.endsWith(".changes.arrow")) {
             throw new IOException("not a Lakecast state file: " + file);
@@ -290,7 +327,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             }
             for (ArrowBlock block : blocks) {
                 reader.loadRecordBatch(block);
-                applyUpserts(rows, root, nKeys, full);
+                applyUpserts(rows, root, nKeys, full, interner);
             }
         }
         return rows;
@@ -311,7 +348,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     }
 
     private static void applyUpserts(Map<Object, Row> rows, VectorSchemaRoot root, int nKeys,
-                                     boolean full) {
+                                     boolean full, Interner interner) {
         List<FieldVector> vectors = root.getFieldVectors();
         int nValues = vectors.size() - nKeys - (full ? 0 : 1);
         FieldVector change = full ? null : vectors.get(vectors.size() - 1);
@@ -328,7 +365,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             }
             Object[] values = new Object[nValues];
             for (int j = 0; j < nValues; j++) {
-                values[j] = value(vectors.get(nKeys + j), i);
+                values[j] = interner.intern(j, value(vectors.get(nKeys + j), i));
             }
             rows.put(key, RowFactory.create(values));
         }
