@@ -122,8 +122,10 @@ clean: clean-lake
 
 # The docs site (mkdocs.yml; generated reference pages: docs/hooks.py) into site/;
 # tests/docs runs the same strict build as part of `make test`
+# SITE_DIR: where the site goes (tests/docs builds it into a temporary folder)
+SITE_DIR ?= site
 docs: $(DEPS)
-	@$(VENV)/bin/mkdocs build --strict -q
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d "$(SITE_DIR)"
 
 docs-serve: $(DEPS)
-	@$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000

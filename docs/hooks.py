@@ -32,10 +32,19 @@ from typing import Any
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
-# the packages and the example project of THIS checkout, before any installed copy
-for _p in (str(ROOT), str(ROOT / "platform"), str(ROOT / "docs")):
-    if _p not in sys.path[:3]:
-        sys.path.insert(0, _p)
+
+
+def use_checkout() -> None:
+    """Put the packages and the example project of THIS checkout before any installed
+    copy on ``sys.path`` (again at each page: plugins may reset the path after the hooks
+    load, and ``mkdocs build`` from a fresh clone has no project folder on it)."""
+    for p in (str(ROOT), str(ROOT / "platform"), str(ROOT / "docs")):
+        if p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
+
+
+use_checkout()
 
 from griffe_roles import plain_roles  # noqa: E402
 
@@ -479,5 +488,6 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     """Replace each marker line with what it generates."""
     for marker, generate in GENERATORS.items():
         if marker in markdown:
+            use_checkout()
             markdown = markdown.replace(marker, generate())
     return markdown

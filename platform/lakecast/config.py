@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import resources
@@ -67,6 +67,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from lakecast.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 #: files whose folder is a project's root (the nearest one at or above the working directory)
 PROJECT_MARKERS = ("pyproject.toml", "workspace.yaml", "dg.toml", "setup.py")

@@ -98,20 +98,8 @@ def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
     if mvn is None:
         raise SetupError(f"Maven (mvn) is not on PATH: install it (e.g. apt-get install -y "
                          f"maven) and run `{FETCH_COMMAND}` again, or {by_hand(jars_dir)}")
-    print(f"==> fetching Delta Lake {delta_version()} JARs from Maven Central into "
-          f"{jars_dir}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-            f"-DoutputDirectory={tmp}", "-DincludeScope=runtime",
-            f"-Ddelta.version={delta_version()}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SetupError(
-                f"Maven could not resolve Delta {delta_version()}'s JARs (no reachable "
-                f"repository, or the artifact is missing): {_first_error(proc)}; "
-                f"{by_hand(jars_dir)}")
+        resolve(mvn, pom, Path(tmp), jars_dir)
         shipped = {artifact_name(p.name) for p in pyspark_jars_dir().glob("*.jar")}
         jars_dir.mkdir(parents=True, exist_ok=True)
         for old in jars_dir.glob("*.jar"):
@@ -127,6 +115,33 @@ def fetch(jars_dir: Path, pom: Path, force: bool = False) -> list[Path]:
     for p in kept:
         print(f"    {p.name}")
     return kept
+
+
+def jar_versions(version: str) -> list[str]:
+    """The Delta JAR versions to try for the installed delta-spark ``version``: itself,
+    then its minor's ``x.y.0`` (a patch release of the Python package may have no JARs
+    of its own; the Python API of one minor talks to any of its JARs)."""
+    major, minor, *_ = [*version.split("."), "0", "0"]
+    base = f"{major}.{minor}.0"
+    return [version] if version == base else [version, base]
+
+
+def resolve(mvn: str, pom: Path, out: Path, jars_dir: Path) -> str:
+    """Resolve the pom's runtime dependencies into ``out`` at the first Delta version of
+    :func:`jar_versions` that Maven finds; return it (else a :class:`SetupError`)."""
+    errors = []
+    for v in jar_versions(delta_version()):
+        print(f"==> fetching Delta Lake {v} JARs from Maven Central into {jars_dir}",
+              flush=True)
+        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+               f"-DoutputDirectory={out}", "-DincludeScope=runtime", f"-Ddelta.version={v}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            return v
+        errors.append(f"{v}: {_first_error(proc)}")
+    raise SetupError(
+        f"Maven could not resolve Delta {delta_version()}'s JARs (no reachable repository, "
+        f"or the artifact is missing): {'; '.join(errors)}; {by_hand(jars_dir)}")
 
 
 def _first_error(proc: subprocess.CompletedProcess[str]) -> str:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -279,7 +279,7 @@ class DedupLookup:
         newest = accepted.agg(F.max(tcol)).first()[0]  # naive, in the driver's time zone
         if newest is None:
             return None
-        watermark = newest.astimezone(UTC)
+        watermark = newest.astimezone(timezone.utc)
         rows = (accepted.where(F.col(tcol) >= F.lit(watermark - self.spec.retention))
                 .groupBy(F.col(key).alias(KEY)).agg(F.collect_list(tcol).alias(TIMES)))
         return Prior(rows, watermark, -1)
@@ -375,7 +375,7 @@ def _changes_data(action: Mapping[str, Any]) -> bool:
 
 def _micros(t: datetime) -> int:
     """Microseconds since the epoch of an aware datetime (exact)."""
-    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    return (t - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
 
 
 def _stat_max(stats: Mapping[str, Any] | None, column: str) -> datetime | None:
@@ -387,4 +387,4 @@ def _stat_max(stats: Mapping[str, Any] | None, column: str) -> datetime | None:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
