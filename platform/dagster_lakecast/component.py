@@ -17,26 +17,25 @@
 
 It builds the same definitions as :func:`dagster_lakecast.declare_pipeline` (micro-batch
 job, sensor, continuous job, output assets, checks, maintenance job and schedule) and the
-``pyspark`` and ``lake`` resources. A function that does not import, an input table that
-does not exist in the lake, a field of the wrong type or an unknown field fails loading
-with a message naming the file, the field and the fix.
+``pyspark`` and ``lake`` resources. Loading reads no table: the input tables may not exist
+yet (a run says which one is missing and what creates it). A function that does not
+import, a field of the wrong type or an unknown field fails loading with a message naming
+the file, the field and the fix.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import dagster as dg
-from dagster.components import Scaffolder, ScaffoldRequest, scaffold_with
-from pydantic import Field
+from dagster.components import Resolver, Scaffolder, ScaffoldRequest, scaffold_with
+from pydantic import ConfigDict, Field
 
 from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
 from dagster_lakecast.factory import declare_pipeline
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
-from lakecast.config import get_settings
-from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.pipeline.dedup import DedupSpec
 
@@ -126,6 +125,9 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     broadcast tables, writing an output table (and side outputs), run per sensor tick or
     continuously."""
 
+    # the resolved automation_condition is a Dagster object, not a pydantic type
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     name: str = Field(description="The pipeline's name (jobs are <name>_microbatch, "
                       "<name>_continuous, <name>_maintenance_job).")
     function: str = Field(description="module:attribute of the process function's class.")
@@ -155,6 +157,21 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
         "(column lineage of the main output).")
     execution: str = Field(default="tasks", description="tasks (task-local state) or joins "
                            "(a pure lookup as Spark broadcast joins).")
+    asset_keys: dict[str, str] = Field(
+        default_factory=dict, description="table -> the asset key of its asset, e.g. "
+        "'raw/clicks' (default: the table name): an input table's key names the user's asset "
+        "that writes it.")
+    observe: list[str] = Field(
+        default_factory=list, description="Input tables written outside Dagster: observable "
+        "source assets whose data version is the Delta version.")
+    observe_cron: str | None = Field(
+        default=None, description="Observe the 'observe' tables on this cron schedule "
+        "(Declarative Automation: AutomationCondition.cron_tick_passed).")
+    automation_condition: Annotated[
+        dg.AutomationCondition | None,
+        Resolver.default(model_field_type=str | None, description=(
+            "Declarative Automation of the main output instead of the sensor (which is then "
+            "declared stopped), e.g. \"{{ automation_condition.eager() }}\"."))] = None
 
     def declaration(self, where: str = "defs.yaml") -> PipelineDeclaration:
         """The :class:`PipelineDeclaration` this component stands for."""
@@ -172,25 +189,14 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
             columns={t: dg.TableSchema(columns=[dg.TableColumn(**c) for c in cols])
                      for t, cols in self.columns.items()},
             lineage={c: tuple(s) for c, s in self.lineage.items()},
-            execution=self.execution)
-
-    def check_tables(self, where: str) -> None:
-        """Each input table exists in the lake (else a message naming field and fix)."""
-        settings = get_settings()
-        fields = [("events_table", self.events_table),
-                  *(("broadcast_tables", t) for t in self.broadcast_tables)]
-        for field_name, table in fields:
-            path = settings.table_path(table)
-            if not delta_io.table_exists(path):
-                raise ComponentError(
-                    f"{where}: field {field_name!r} names {table!r}, which is not a Delta "
-                    f"table at {path}; create it first (e.g. materialize its asset), or fix "
-                    f"the name (the lake is LAKECAST_LAKE_ROOT={settings.lake_root})")
+            execution=self.execution, asset_keys=dict(self.asset_keys),
+            observe=tuple(self.observe), automation_condition=self.automation_condition,
+            observe_automation=dg.AutomationCondition.cron_tick_passed(self.observe_cron)
+            if self.observe_cron else None)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         where = str(Path(context.path) / "defs.yaml")
         try:
-            self.check_tables(where)
             made = declare_pipeline(self.declaration(where))
         except LakecastError as e:
             raise ComponentError(str(e) if where in str(e) else f"{where}: {e}") from e

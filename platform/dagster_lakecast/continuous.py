@@ -43,10 +43,12 @@ from dagster import (
 from pydantic import Field
 
 from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.inputs import missing_inputs, missing_message
 from dagster_lakecast.metadata import log_batch, record_batch, record_missed, table_versions
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from dagster_lakecast.runs import refuse_second_writer
 from dagster_lakecast.tags import EXCLUSIVE_TAG, QUIET_RUN_LOGS
+from lakecast.config import Settings
 from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.spark import is_connect
@@ -112,6 +114,23 @@ def _numeric(values: Mapping[str, Any]) -> dict[str, int | float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+def wait_for_inputs(context: OpExecutionContext, decl: PipelineDeclaration,
+                    settings: Settings, deadline: float, poll_seconds: float) -> bool:
+    """Wait until every input table exists (said once, with what creates them); ``False``
+    when the run's time ends (or it is terminated) first."""
+    missing = missing_inputs(decl, settings)
+    if missing:
+        context.log.warning(missing_message(decl, settings, missing) + " The continuous run "
+                            "waits for them.")
+    while missing:
+        if time.monotonic() >= deadline or _terminating(context):
+            context.log.info(f"continuous run ends: {', '.join(missing)} never appeared")
+            return False
+        time.sleep(max(poll_seconds, 0.5))
+        missing = missing_inputs(decl, settings)
+    return True
+
+
 def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
     """The continuous job of ``decl`` (see the module docstring)."""
 
@@ -124,6 +143,10 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
         refuse_second_writer(context.instance, context.run_id, decl.continuous_job_name,
                              decl.writers, decl.name)
         settings = lake.settings()
+        deadline = time.monotonic() + config.max_seconds
+        if not wait_for_inputs(context, decl, settings, deadline, config.poll_seconds):
+            totals = run_totals([])
+            return Output(totals, metadata=_numeric(totals))
         record_missed(context, decl, settings)
         spark = pyspark.session_for(decl.name)
         try:
@@ -131,7 +154,6 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
         except LakecastError as e:
             raise Failure(description=str(e)) from e
         results: list[BatchResult] = []
-        deadline = time.monotonic() + config.max_seconds
         seen: dict[str, int | None] | None = None
         next_status_check = 0.0
         t0 = time.monotonic()

@@ -122,8 +122,18 @@ class PipelineDeclaration:
     sensor_description: str | None = None
     maintenance_job: str | None = None
     maintenance_schedule: str | None = None
-    #: the asset key of each table (filled by the factory from its translator)
+    #: the asset key of each table: set one to name a table's asset otherwise (e.g. the key
+    #: of the user's asset that writes it; default: the table name); the factory fills the
+    #: rest from its translator
     asset_keys: Mapping[str, Any] = field(default_factory=dict)
+    #: input tables written outside Dagster: observable source assets whose data version
+    #: is the Delta version (:mod:`dagster_lakecast.inputs`); ``observe_automation``: the
+    #: ``AutomationCondition`` that observes them (e.g. ``cron_tick_passed``)
+    observe: tuple[str, ...] = ()
+    observe_automation: Any = None
+    #: an ``AutomationCondition`` on the outputs (Declarative Automation, e.g. ``eager()``)
+    #: instead of the sensor: the sensor is then declared stopped (start it to use both)
+    automation_condition: Any = None
     writer_jobs: tuple[str, ...] = ()
     broadcast_only_runs: bool = True
     deps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -164,7 +174,10 @@ class PipelineDeclaration:
         """The asset key of ``table`` (the factory's translator; default: the table name)."""
         from dagster import AssetKey
 
-        return self.asset_keys.get(table) or AssetKey(table)
+        key = self.asset_keys.get(table)
+        if key is None:
+            return AssetKey(table)
+        return key if isinstance(key, AssetKey) else AssetKey.from_user_string(str(key))
 
     @property
     def sensor_name(self) -> str:

@@ -53,6 +53,7 @@ from pydantic import Field
 from dagster_lakecast.checks import ON_REQUEST_CHECKS, pipeline_checks
 from dagster_lakecast.continuous import declare_continuous
 from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
+from dagster_lakecast.inputs import missing_inputs, missing_message, observed_inputs
 from dagster_lakecast.maintenance import MaintenanceDefinitions, declare_maintenance
 from dagster_lakecast.metadata import (
     batch_metadata,
@@ -116,6 +117,8 @@ class PipelineDefinitions:
     maintenance: MaintenanceDefinitions
     #: ``<name>_continuous``
     continuous: JobDefinition
+    #: the observable source assets of the tables in ``declaration.observe`` (or ``None``)
+    observed: AssetsDefinition | None = None
 
     @property
     def schedules(self) -> list[ScheduleDefinition]:
@@ -125,7 +128,9 @@ class PipelineDefinitions:
         """Every definition of the pipeline, to merge into a project's (resources are the
         project's: ``pyspark`` and ``lake``)."""
         return Definitions(
-            assets=[self.assets, *self.maintenance.specs], asset_checks=self.checks,
+            assets=[self.assets, *self.maintenance.specs,
+                    *([self.observed] if self.observed is not None else [])],
+            asset_checks=self.checks,
             jobs=[self.job, self.continuous, self.maintenance.job],
             schedules=self.schedules, sensors=[self.sensor])
 
@@ -187,6 +192,10 @@ def make_assets(decl: PipelineDeclaration,
         next one starts; the last one is the step's result, with the run's totals."""
         refuse_second_writer(context, decl)
         settings = lake.settings()
+        missing = missing_inputs(decl, settings)
+        if missing:  # nothing to read yet: said, not a failure (the next run reads them)
+            context.log.warning(missing_message(decl, settings, missing))
+            return
         record_missed(context, decl, settings)
         options = {k: v for k, v in config.model_dump().items() if k not in RUN_FIELDS}
         try:
@@ -274,4 +283,4 @@ def declare_pipeline(decl: PipelineDeclaration,
     )
     maintenance = declare_maintenance(decl, translator)
     return PipelineDefinitions(declared, assets, job, pipeline_sensor(decl, job), checks,
-                               maintenance, declare_continuous(decl))
+                               maintenance, declare_continuous(decl), observed_inputs(decl))

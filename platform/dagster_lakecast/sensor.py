@@ -47,6 +47,7 @@ from dagster import (
 )
 
 from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.inputs import missing_message
 from dagster_lakecast.metadata import table_versions
 from dagster_lakecast.runs import active_runs
 from dagster_lakecast.tags import EXCLUSIVE_TAG, VERSIONS_TAG
@@ -156,8 +157,9 @@ def evaluate(
     """One tick of the pipeline's sensor (see the module docstring)."""
     settings = settings or get_settings()
     versions = table_versions(decl, settings)
-    if versions.get(decl.events_table) is None:
-        return SkipReason(f"no events table yet ({decl.events_table})")
+    missing = [t for t, v in versions.items() if v is None]
+    if missing:
+        return SkipReason(missing_message(decl, settings, missing))
     previous = parse_cursor(context.cursor, versions)
     unchanged = previous == versions
     observed = (list(decl.sensor_events(context, previous, versions, settings))
@@ -212,7 +214,9 @@ def pipeline_sensor(decl: PipelineDeclaration, job: Any) -> SensorDefinition:
         name=decl.sensor_name,
         job=job,
         minimum_interval_seconds=get_settings().sensor_interval_seconds,
-        default_status=DefaultSensorStatus.RUNNING,
+        # Declarative Automation on the outputs instead: the sensor is there, stopped
+        default_status=DefaultSensorStatus.STOPPED if decl.automation_condition is not None
+        else DefaultSensorStatus.RUNNING,
         description=decl.sensor_description
         or f"Requests one {job.name} run when {decl.events_table} or a broadcast "
         f"table ({', '.join(decl.broadcast_tables)}) has a new Delta version "

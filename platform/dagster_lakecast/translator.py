@@ -42,8 +42,9 @@ class DagsterLakecastTranslator:
     ``side``, ``rejected``, ``state``, ``progress``, ``snapshots``) to an ``AssetSpec``."""
 
     def get_asset_key(self, decl: PipelineDeclaration, table: str, role: str) -> AssetKey:
-        """The asset key of ``table`` (default: the table name)."""
-        return AssetKey(table)
+        """The asset key of ``table``: the declaration's ``asset_keys`` entry, else the
+        table name."""
+        return decl.asset_key(table)
 
     def get_description(self, decl: PipelineDeclaration, table: str, role: str) -> str:
         """The declaration's description of ``table``, else one from its role."""
@@ -103,6 +104,7 @@ class DagsterLakecastTranslator:
             freshness_policy=FreshnessPolicy.time_window(
                 fail_window=timedelta(seconds=decl.freshness_seconds))
             if role == MAIN else None,
+            automation_condition=decl.automation_condition if role == MAIN else None,
         )
 
     def input_key(self, decl: PipelineDeclaration, table: str) -> AssetKey:
