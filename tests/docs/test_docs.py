@@ -29,7 +29,8 @@ import lakecast
 from lakecast.config import SETTINGS
 from tests import ROOT
 
-TUTORIAL_FILES = ("tests/newuser/project/fx.py", "tests/newuser/project/defs.yaml")
+TUTORIAL_FILES = ("tests/newuser/project/fx.py", "tests/newuser/project/defs.yaml",
+                  "tests/newuser/project/tables.py")
 ISSUE = re.compile(r"\bissues? ?#?[0-9]+", re.IGNORECASE)
 
 

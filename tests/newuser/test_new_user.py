@@ -1,17 +1,19 @@
 """A new user adopts Lakecast in a Dagster project of their own, with nothing mocked.
 
-The wheel is built from this repository and installed (with its ``dagster`` extra and the
-pinned versions of ``constraints.txt``) into a virtualenv outside the repository, which is
-off ``sys.path`` for every command. ``create-dagster`` scaffolds a project; ``dg scaffold
-defs`` adds a :class:`~dagster_lakecast.LakecastPipelineComponent`, which the user fills in
-(``project/defs.yaml``) next to one module with the function (``project/fx.py``):
-payments in several currencies converted to EUR with an FX-rates broadcast table.
+The user's path, as the README and the tutorial print it: ``create-dagster`` scaffolds a
+project (its own ``pyproject.toml``); the README's install line (``uv add ...``) resolves
+Lakecast into it with the project's own uv, without this repository's constraints;
+``dg scaffold defs`` adds a :class:`~dagster_lakecast.LakecastPipelineComponent`, which the
+user fills in (``project/defs.yaml``) next to one module with the function
+(``project/fx.py``). The broadcast and events tables are written by the project's own
+Dagster assets with pandas + ``deltalake`` (``project/tables.py``), not by Lakecast.
 
-Then, through ``dg`` alone: the definitions list the job, sensor, continuous job, assets and
-checks; a run enriches a batch; a new FX-rates version applies from the next batch on; a
-continuous run picks up a new commit; every output row equals a pandas reference. Bad
-``defs.yaml`` files, a missing project folder and a missing Maven each fail with one
-message naming the fix.
+Then, through ``dg`` alone: the definitions load before any table exists; the user's
+assets materialize from the CLI; a run enriches a batch; a broadcast overwrite, a deleted
+key and an added column each apply from the next batch on; a continuous run picks up a
+new commit; every output row equals a pandas reference built from time-travelled versions
+of the user's tables. Bad ``defs.yaml`` files, a missing input table, a missing project
+folder and a missing Maven each get one message naming the fix.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +39,12 @@ from deltalake import DeltaTable
 from tests import ROOT
 
 HERE = Path(__file__).resolve().parent
-USER_FILES = {"fx.py": "src/payments/fx.py", "defs.yaml": "src/payments/defs/fx_payments/defs.yaml"}
+USER_FILES = {"fx.py": "src/payments/fx.py",
+              "defs.yaml": "src/payments/defs/fx_payments/defs.yaml"}
+#: the project's own assets (their data, not what they write for Lakecast)
+TABLES = ("tables.py", "src/payments/defs/tables.py")
+#: the newest create-dagster whose scaffolded project resolves on this machine's package
+#: index (1.13.28+ pin a dagster that no dagster-dg-cli release here matches)
 CREATE_DAGSTER = "create-dagster==1.13.27"
 COMPONENT = "dagster_lakecast.LakecastPipelineComponent"
 
@@ -54,13 +62,28 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600,
     return proc
 
 
-def user_env(tmp: Path, venv: Path) -> dict[str, str]:
-    """The user's shell: the virtualenv first on PATH, no repository on sys.path, no
-    Lakecast settings of this test run."""
+def readme_line(command: str) -> str:
+    """The README's line that starts with ``command`` (its shell comment dropped); the
+    tutorial prints the same line."""
+    lines = [line.split("  #")[0].strip() for line in (ROOT / "README.md").read_text()
+             .splitlines() if line.strip().startswith(command)]
+    assert len(lines) == 1, lines
+    assert lines[0] in (ROOT / "docs" / "tutorial.md").read_text(), lines[0]
+    return lines[0]
+
+
+def user_env(tmp: Path, uv: str) -> dict[str, str]:
+    """The user's shell: uv on PATH, no virtualenv active, no repository on sys.path, no
+    Lakecast settings of this test run; ``LAKECAST`` is where they cloned Lakecast."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LAKECAST_", "PYTHON", "DAGSTER_", "VIRTUAL_ENV", "PYSPARK"))}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
+           if not k.startswith(("LAKECAST_", "PYTHON", "DAGSTER_", "VIRTUAL_ENV", "PYSPARK",
+                                "UV_"))}
+    path = [p for p in env.get("PATH", "").split(os.pathsep)
+            if not p.startswith(str(ROOT))]
+    env.update(PATH=os.pathsep.join([str(tmp / "bin"), *path]), LAKECAST=str(ROOT),
                DAGSTER_HOME=str(tmp / "dagster_home"), DAGSTER_DISABLE_TELEMETRY="1")
+    (tmp / "bin").mkdir(exist_ok=True)
+    (tmp / "bin" / "uv").symlink_to(uv)
     (tmp / "dagster_home").mkdir(exist_ok=True)
     return env
 
@@ -86,64 +109,29 @@ def next_line(lines: queue.Queue[str], deadline: float) -> str | None:
         return None
 
 
-class UserTables:
-    """``make_tables.py`` running in the user's virtualenv from the project folder, its
-    commands sent one a line on stdin: one Spark start for every table version the test
-    writes (a process of its own per version took ~20 s each)."""
+class Lake:
+    """The user's tables, read back with ``deltalake`` (time travel for the reference)."""
 
-    def __init__(self, python: Path, project: Path, env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen(
-            [str(python), str(HERE / "make_tables.py")], cwd=project, env=env, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"))
-        self.lines = lines_of(self.proc.stdout)
+    def __init__(self, project: Path) -> None:
+        self.root = project / "var" / "lake"
 
-    def __call__(self, *args: str, timeout: float = 600) -> int:
-        """Run one command (``rates USD=0.9 ...``, ``payments FIRST N``); its new version."""
-        try:
-            self.proc.stdin.write(" ".join(args) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it ended: said below
-        said: list[str] = []
-        deadline = time.monotonic() + timeout
-        while not said or said[-1] != "ok":
-            line = next_line(self.lines, deadline)
-            if not line:
-                pytest.fail(f"make_tables.py {' '.join(args)}: no answer (exit "
-                            f"{self.proc.poll()}):\n{''.join(said)}\n"
-                            f"{self.log.read_text()[-4000:]}")
-            said.append(line.strip())
-        return int(said[-2])
+    def version(self, name: str) -> int:
+        return DeltaTable(str(self.root / name)).version()
 
-    def close(self) -> None:
-        if self.proc.stdin and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    def at(self, name: str, version: int | None = None) -> pd.DataFrame:
+        return DeltaTable(str(self.root / name), version=version).to_pandas()
 
-
-def reference(payments: pd.DataFrame, rates: dict[str, float]) -> pd.DataFrame:
-    """What the pipeline must write for ``payments`` at ``rates`` (pandas)."""
-    known = payments[payments.currency.isin(list(rates))].copy()
-    known["rate_to_eur"] = known.currency.map(rates)
-    known["amount_eur"] = known.amount * known.rate_to_eur
-    return known
-
-
-def payments_frame(first: int, n: int) -> pd.DataFrame:
-    """The payments ``make_tables.py payments FIRST N`` writes."""
-    cur = ("USD", "GBP", "EUR", "JPY", "CHF")
-    ids = list(range(first, first + n))
-    return pd.DataFrame({"payment_id": ids, "currency": [cur[i % 5] for i in ids],
-                         "amount": [round(10.0 + i * 1.25, 2) for i in ids]})
-
-
-def table(project: Path, name: str) -> pd.DataFrame:
-    return DeltaTable(str(project / "var" / "lake" / name)).to_pandas()
+    def batch_reference(self, events: tuple[int, int], rates_version: int) -> pd.DataFrame:
+        """What the pipeline must write for the payments of versions ``events[0]+1 ..
+        events[1]`` at ``fx_rates`` version ``rates_version`` (pandas)."""
+        new = self.at("payments", events[1])
+        if events[0] >= 0:
+            new = new[~new.payment_id.isin(self.at("payments", events[0]).payment_id)]
+        rates = self.at("fx_rates", rates_version).set_index("currency").rate_to_eur
+        known = new[new.currency.isin(rates.index)].copy()
+        known["rate_to_eur"] = known.currency.map(rates)
+        known["amount_eur"] = known.amount * known.rate_to_eur
+        return known
 
 
 def assert_rows(got: pd.DataFrame, want: pd.DataFrame) -> None:
@@ -153,15 +141,16 @@ def assert_rows(got: pd.DataFrame, want: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(g, w, check_dtype=False)
 
 
-def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> None:
+def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     assert uv, "uv is part of the dev dependencies"
     timings: dict[str, float] = {}
-    base = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
+    env = user_env(tmp_path, uv)
 
-    # the wheel: both packages and their package data, nothing of this repository's project
-    run([uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)], tmp_path,
-        base)
+    # the wheel: both packages and their package data, nothing of this repository's
+    # project; without the extra, no Dagster distribution (a dry run, in the background)
+    run([uv, "build", "-q", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)],
+        tmp_path, env)
     wheel = next((tmp_path / "dist").glob("lakecast-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for part in ("lakecast/defaults/pom.xml", "lakecast/defaults/spark-defaults.conf",
@@ -170,22 +159,22 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> Non
                  "dagster_lakecast/component.py"):
         assert part in names, part
     assert not [n for n in names if n.split("/")[0] in ("jobs", "assets", "tests", "deploy")]
-
-    # without the extra, no Dagster distribution is installed (a dry run, in the background
-    # while the user's virtualenv below is installed)
-    run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "bare")], tmp_path, base)
+    run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "bare")], tmp_path, env)
     dry_cmd = [uv, "pip", "install", "--dry-run", "--python", str(tmp_path / "bare"),
-               "-c", str(ROOT / "constraints.txt"), str(wheel)]
-    dry = subprocess.Popen(dry_cmd, cwd=tmp_path, env=base, stdout=subprocess.PIPE,
+               str(wheel)]
+    dry = subprocess.Popen(dry_cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
+
+    # a new Dagster project, and Lakecast added with the README's line, resolved by uv
+    t_start = time.monotonic()
     try:
-        # the user's virtualenv: the wheel with its dagster extra
-        venv = tmp_path / "venv"
-        t_start = time.monotonic()
-        run([uv, "venv", "-q", "--python", sys.executable, str(venv)], tmp_path, base)
-        run([uv, "pip", "install", "-q", "--python", str(venv), "-c",
-             str(ROOT / "constraints.txt"), f"{wheel}[dagster]"], tmp_path, base, timeout=1200)
-        env = user_env(tmp_path, venv)
+        run([uv, "tool", "run", "--from", CREATE_DAGSTER, "create-dagster", "project",
+             "payments", "--no-uv-sync"], tmp_path, env)
+        project = tmp_path / "payments"
+        scaffolded = (project / "pyproject.toml").read_text()
+        assert 'requires-python = ">=3.10,<3.15"' in scaffolded, scaffolded
+        install = readme_line("uv add ")
+        run(["bash", "-c", install], project, env, timeout=1200)
         timings["install"] = time.monotonic() - t_start
         dry_out, dry_err = dry.communicate(timeout=600)
     finally:
@@ -199,23 +188,19 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> Non
                if line.strip().startswith("+ ")]
     assert any(p.startswith("pyspark") for p in planned), planned
     assert not [p for p in planned if p.startswith("dagster")], planned
+    assert "lakecast" in (project / "pyproject.toml").read_text()
 
-    # a new Dagster project, installed into the virtualenv as a user would
-    run([uv, "tool", "run", "--from", CREATE_DAGSTER, "create-dagster", "project", "payments",
-         "--no-uv-sync"], tmp_path, env)
-    project = tmp_path / "payments"
-    run([uv, "pip", "install", "-q", "--python", str(venv), "--no-deps", "-e", str(project)],
-        tmp_path, env)
-    setup = run(["lakecast", "setup"], project, env)
+    def dg(*args: str, check: bool = True, timeout: float = 600
+           ) -> subprocess.CompletedProcess[str]:
+        return run([uv, "run", "dg", *args], project, env, timeout=timeout, check=check)
+
+    setup = run([uv, "run", "lakecast", "setup"], project, env)
     assert "JARs ready" in setup.stdout
     assert "JVM lookup JAR: " in setup.stdout and "not built" not in setup.stdout  # javac
-    # the user's own tables (their data, not part of what they write for Lakecast): their
-    # script's Spark starts now, beside the scaffolding
-    tables = UserTables(venv / "bin" / "python", project, env, tmp_path / "tables.log")
-    request.addfinalizer(tables.close)
 
-    # dg scaffolds the component; the user fills in defs.yaml and writes the function
-    run(["dg", "scaffold", "defs", COMPONENT, "fx_payments"], project, env)
+    # dg scaffolds the component; the user fills in defs.yaml and writes the function,
+    # beside the project's own assets that write the tables
+    dg("scaffold", "defs", COMPONENT, "fx_payments")
     scaffolded = (project / USER_FILES["defs.yaml"]).read_text()
     assert f"type: {COMPONENT}" in scaffolded and "function:" in scaffolded
     user_lines = 0
@@ -225,42 +210,68 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> Non
         user_lines += len([line for line in text.splitlines() if line.strip()])
     print(f"\nuser-written lines (YAML + Python, non-blank): {user_lines}")
     assert user_lines <= 40
+    shutil.copy(HERE / "project" / TABLES[0], project / TABLES[1])
 
-    rates0 = {"USD": 0.9, "GBP": 1.15, "EUR": 1.0, "JPY": 0.0062}
-    tables("rates", *(f"{c}={r}" for c, r in rates0.items()))
-    tables("payments", "0", "20")
-
-    run(["dg", "check", "defs"], project, env)
-    listed = json.loads(run(["dg", "list", "defs", "--json"], project, env).stdout)
+    # no table exists yet: the definitions load, the user's assets are upstream of the
+    # pipeline's outputs, and they materialize from the CLI
+    lake = Lake(project)
+    assert not lake.root.exists()
+    dg("check", "defs")
+    listed = json.loads(dg("list", "defs", "--json").stdout)
     jobs = {j["name"] for j in listed["jobs"]}
     assert {"fx_microbatch", "fx_continuous", "fx_maintenance_job"} <= jobs, jobs
     assert {s["name"] for s in listed["sensors"]} == {"fx_sensor"}
     assert {s["name"] for s in listed["schedules"]} == {"fx_maintenance"}
-    assets = {a["asset_key"] for a in listed["assets"]}
-    assert {"payments_eur", "payments_unmatched", "fx_progress", "fx_snapshots"} <= assets
+    assets = {a["asset_key"]: a for a in listed["assets"]}
+    assert {"payments_eur", "payments_unmatched", "fx_progress", "fx_snapshots",
+            "fx_rates", "payments"} <= set(assets)
+    assert {"fx_rates", "payments"} <= set(assets["payments_eur"]["deps"]), assets
     checks = {c["name"] for c in listed["asset_checks"]}
     assert {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"} <= checks
 
-    # a run enriches a batch
-    run(["dg", "launch", "--job", "fx_microbatch"], project, env)
-    timings["empty folder to first enriched batch"] = time.monotonic() - t_start
-    first = payments_frame(0, 20)
-    assert_rows(table(project, "payments_eur"), reference(first, rates0))
+    def rates(values: dict[str, float], source: str | None = None) -> int:
+        config = {"rates": values, **({"source": source} if source else {})}
+        dg("launch", "--assets", "fx_rates", "--config-json",
+           json.dumps({"ops": {"fx_rates": {"config": config}}}))
+        return lake.version("fx_rates")
 
-    # a new FX-rates version applies from the next batch on
-    rates1 = {**rates0, "USD": 0.95}
-    tables("rates", "USD=0.95")
-    tables("payments", "20", "10")
-    run(["dg", "launch", "--job", "fx_microbatch"], project, env)
-    second = payments_frame(20, 10)
-    want = pd.concat([reference(first, rates0), reference(second, rates1)])
-    assert_rows(table(project, "payments_eur"), want)
+    def payments(first: int, n: int) -> int:
+        dg("launch", "--assets", "payments", "--config-json",
+           json.dumps({"ops": {"payments": {"config": {"first": first, "n": n}}}}))
+        return lake.version("payments")
+
+    def batch() -> None:
+        said = dg("launch", "--job", "fx_microbatch")
+        assert "Traceback" not in said.stdout + said.stderr
+
+    want: list[pd.DataFrame] = []
+    r0 = rates({"USD": 0.9, "GBP": 1.15, "EUR": 1.0, "JPY": 0.0062})
+    p0 = payments(0, 20)
+    batch()
+    timings["empty folder to first enriched batch"] = time.monotonic() - t_start
+    want.append(lake.batch_reference((-1, p0), r0))
+    assert_rows(lake.at("payments_eur"), pd.concat(want))
+
+    # each broadcast change applies from the next batch on: an overwrite with a new
+    # rate, a deleted key (GBP), an added column
+    last = p0
+    for change in ({"USD": 0.95, "GBP": 1.15, "EUR": 1.0, "JPY": 0.0062},
+                   {"USD": 0.95, "EUR": 1.0, "JPY": 0.0062},
+                   {"USD": 0.97, "EUR": 1.0, "JPY": 0.0063, "source": "ecb"}):
+        source = change.pop("source", None)
+        r = rates(change, source)
+        p = payments(100 * (len(want) + 1), 10)
+        batch()
+        want.append(lake.batch_reference((last, p), r))
+        assert_rows(lake.at("payments_eur"), pd.concat(want))
+        last = p
 
     # a continuous run picks up a new commit
     config = {"ops": {"fx_continuous_loop": {"config": {
         "max_batches": 1, "max_seconds": 180, "poll_seconds": 0.2}}}}
     continuous = subprocess.Popen(
-        ["dg", "launch", "--job", "fx_continuous", "--config-json", json.dumps(config)],
+        [uv, "run", "dg", "launch", "--job", "fx_continuous", "--config-json",
+         json.dumps(config)],
         cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def watching() -> bool:
@@ -274,12 +285,11 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> Non
     said: list[str] = []
     lines, deadline = lines_of(continuous.stdout), time.monotonic() + 300
     try:
-        # the commit lands once the run watches the tables
         while not watching():
             assert continuous.poll() is None and time.monotonic() < deadline, (
                 "the continuous run never watched the tables")
             time.sleep(0.5)
-        tables("payments", "30", "5")
+        p = payments(900, 5)
         while line := next_line(lines, deadline):
             said.append(line)
         continuous.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -291,13 +301,14 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> Non
             said.append(line)
     out = "".join(said)
     assert continuous.returncode == 0, out[-4000:]
-    third = payments_frame(30, 5)
-    want = pd.concat([want, reference(third, rates1)])
-    assert_rows(table(project, "payments_eur"), want)
-    every = pd.concat([first, second, third])
-    unmatched = table(project, "payments_unmatched")
-    assert sorted(unmatched.payment_id) == sorted(every[every.currency == "CHF"].payment_id)
-    tables.close()  # the last table version is written
+    want.append(lake.batch_reference((last, p), lake.version("fx_rates")))
+    assert_rows(lake.at("payments_eur"), pd.concat(want))
+    every = lake.at("payments")
+    matched = pd.concat(want).payment_id
+    unmatched = lake.at("payments_unmatched")
+    assert sorted(unmatched.payment_id) == sorted(every[~every.payment_id.isin(matched)]
+                                                  .payment_id)
+    assert set(unmatched.currency) == {"CHF", "GBP"}  # GBP: after its key was deleted
     print("timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
 
     # bad input: each fails loading the definitions with the file, the field and the fix
@@ -305,27 +316,38 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path, request) -> Non
     defs_yaml = project / USER_FILES["defs.yaml"]
     bad = {
         "function": good.replace("payments.fx:ToEur", "payments.nope:ToEur"),
-        "broadcast_tables": good.replace("[fx_rates]", "[fx_ratez]"),
         "parallelism": good.replace("parallelism: 2", "parallelism: two"),
         "colour": good.replace("  parallelism: 2", "  parallelism: 2\n  colour: blue"),
     }
     for field, text in bad.items():
         defs_yaml.write_text(text)
-        proc = run(["dg", "check", "defs"], project, env, check=False)
-        said = proc.stdout + proc.stderr
+        proc = dg("check", "defs", check=False)
+        said_text = proc.stdout + proc.stderr
         assert proc.returncode != 0, field
-        assert field in said and "defs.yaml" in said, (field, said[-3000:])
+        assert field in said_text and "defs.yaml" in said_text, (field, said_text[-3000:])
+    # a broadcast table that does not exist: the definitions load; a run names the
+    # table, its path and what creates it, and processes nothing
+    defs_yaml.write_text(good.replace("[fx_rates]", "[fx_ratez]"))
+    dg("check", "defs")
+    before = lake.version("payments_eur")
+    proc = dg("launch", "--job", "fx_microbatch")
+    said_text = re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert "broadcast table 'fx_ratez'" in said_text, said_text[-3000:]
+    assert "dg launch --assets" in said_text and "Traceback" not in said_text
+    assert lake.version("payments_eur") == before
     defs_yaml.write_text(good)
 
     # no project folder: a clear error naming LAKECAST_HOME, never a site-packages path
     outside = tmp_path / "no-project"
     outside.mkdir()
-    proc = run(["lakecast", "versions"], outside, env, check=False)
+    lakecast = project / ".venv" / "bin" / "lakecast"
+    proc = run([str(lakecast), "versions"], outside, env, check=False)
     assert proc.returncode == 2 and "LAKECAST_HOME" in proc.stderr, proc.stderr
     assert "site-packages" not in proc.stderr
     # no Maven: one line naming what is missing and how to provide the JARs by hand
-    no_mvn = {**env, "PATH": str(venv / "bin"), "LAKECAST_JARS_DIR": str(tmp_path / "jars")}
-    proc = run([str(venv / "bin" / "lakecast"), "setup"], project, no_mvn, check=False)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "Maven" in lines[0] and "LAKECAST_JARS_DIR" in lines[0], lines
+    no_mvn = {**env, "PATH": str(project / ".venv" / "bin"),
+              "LAKECAST_JARS_DIR": str(tmp_path / "jars")}
+    proc = run([str(lakecast), "setup"], project, no_mvn, check=False)
+    lines_said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines_said) == 1, proc.stderr
+    assert "Maven" in lines_said[0] and "LAKECAST_JARS_DIR" in lines_said[0], lines_said
