@@ -1,7 +1,9 @@
 """Lakecast's Dagster integration: declare a broadcast-state (or keyed) pipeline over your
 Delta tables and get its jobs, sensor, assets, checks and schedule.
 
-Shaped like ``dagster_sling``: the resources do the work, :func:`declare_pipeline` turns a
+Shaped like ``dagster_sling``: :func:`run_pipeline` runs a pipeline's batches from any
+asset (the factory's, the Component's overridable ``execute``, or your own ``@multi_asset``
+with :func:`output_specs`), :func:`declare_pipeline` turns a
 :class:`PipelineDeclaration` into definitions, :class:`DagsterLakecastTranslator` maps each
 table to an ``AssetSpec``, and :class:`LakecastPipelineComponent` declares the same from a
 ``defs.yaml`` (``dg scaffold defs dagster_lakecast.LakecastPipelineComponent defs/NAME``).
@@ -11,7 +13,8 @@ Nothing else is public; the engine is :mod:`lakecast`.
 from dagster_lakecast.component import LakecastPipelineComponent
 from dagster_lakecast.continuous import ContinuousConfig
 from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
-from dagster_lakecast.factory import PipelineDefinitions, PipelineRunConfig, declare_pipeline
+from dagster_lakecast.execute import PipelineRunConfig, run_pipeline
+from dagster_lakecast.factory import PipelineDefinitions, declare_pipeline, output_specs
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from dagster_lakecast.tags import EXCLUSIVE_TAG, QUIET_RUN_LOGS, VERSIONS_TAG
 from dagster_lakecast.translator import DagsterLakecastTranslator
@@ -30,4 +33,6 @@ __all__ = [
     "PipelineDefinitions",
     "PipelineRunConfig",
     "declare_pipeline",
+    "output_specs",
+    "run_pipeline",
 ]

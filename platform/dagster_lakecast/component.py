@@ -26,6 +26,7 @@ the file, the field and the fix.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,7 @@ from dagster.components import Resolver, Scaffolder, ScaffoldRequest, scaffold_w
 from pydantic import ConfigDict, Field
 
 from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
+from dagster_lakecast.execute import PipelineRunConfig, run_pipeline
 from dagster_lakecast.factory import declare_pipeline
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from lakecast.errors import LakecastError
@@ -194,10 +196,18 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
             observe_automation=dg.AutomationCondition.cron_tick_passed(self.observe_cron)
             if self.observe_cron else None)
 
+    def execute(self, context: dg.AssetExecutionContext, decl: PipelineDeclaration,
+                pyspark: LakecastSparkResource, lake: LakeResource,
+                config: PipelineRunConfig | None = None) -> Iterator[dg.MaterializeResult]:
+        """Run the pipeline's pending batches in the micro-batch asset's step; override it
+        to add steps around them (call ``super().execute(...)`` or
+        :func:`~dagster_lakecast.run_pipeline`), like Dagster's own Components."""
+        yield from run_pipeline(context, decl, pyspark, lake, config)
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         where = str(Path(context.path) / "defs.yaml")
         try:
-            made = declare_pipeline(self.declaration(where))
+            made = declare_pipeline(self.declaration(where), execute=self.execute)
         except LakecastError as e:
             raise ComponentError(str(e) if where in str(e) else f"{where}: {e}") from e
         defs = made.definitions()

@@ -25,7 +25,7 @@ versions' files are kept besides in any case.
 **One writer at a time.** The job carries the pipeline's ``lakecast/exclusive`` tag (its
 micro-batch job's name): the run queue never runs the two side by side; the op refuses to
 start while a micro-batch run of the pipeline writes, and the micro-batch asset refuses
-to start while a maintenance run does (:func:`dagster_lakecast.factory.refuse_second_writer`).
+to start while a maintenance run does (:func:`dagster_lakecast.execute.refuse_second_writer`).
 """
 
 import math

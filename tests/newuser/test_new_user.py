@@ -225,7 +225,7 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     assets = {a["asset_key"]: a for a in listed["assets"]}
     assert {"payments_eur", "payments_unmatched", "fx_progress", "fx_snapshots",
             "fx_rates", "payments"} <= set(assets)
-    assert {"fx_rates", "payments"} <= set(assets["payments_eur"]["deps"]), assets
+    assert {"fx_rates", "payments"} <= set(assets["payments_eur"]["dependency_keys"]), assets
     checks = {c["name"] for c in listed["asset_checks"]}
     assert {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"} <= checks
 
