@@ -22,6 +22,7 @@ from lakecast.delta.log import (
     DeltaIOError,
     DirectReadUnsupported,
     TableFiles,
+    TableIdentity,
     commit_actions,
     commit_info,
     commit_infos,
@@ -32,6 +33,7 @@ from lakecast.delta.log import (
     row_count,
     table_exists,
     table_files,
+    table_identity,
     txn_versions,
 )
 
@@ -274,11 +276,12 @@ def restore_version(spark: SparkSession, path: str, version: int) -> int:
 
 __all__ = [
     "CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported", "MergeResult",
-    "TableFiles", "append_arrow", "checkpoint_log", "commit_actions", "commit_info",
-    "commit_infos", "commit_seconds",
+    "TableFiles", "TableIdentity", "append_arrow", "checkpoint_log", "commit_actions",
+    "commit_info", "commit_infos", "commit_seconds",
     "delete", "file_sizes", "history", "is_conflict",
     "latest_version", "merge_upsert", "overwrite_arrow", "read", "read_changes",
     "read_changes_from_log", "replace_where", "restore_version", "retry_on_conflict",
-    "row_count", "table_exists", "table_files", "table_properties", "table_ref",
+    "row_count", "table_exists", "table_files", "table_identity", "table_properties",
+    "table_ref",
     "txn_versions", "write",
 ]  # fmt: skip

@@ -52,9 +52,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["CDF_PROPERTY", "CommitInfo", "DeltaIOError", "DirectReadUnsupported",
-           "TableFiles", "commit_actions", "commit_info", "commit_infos", "commit_seconds",
+           "TableFiles", "TableIdentity", "commit_actions", "commit_info", "commit_infos",
+           "commit_seconds",
            "file_sizes", "latest_version", "read_changes_from_log", "row_count",
-           "table_exists", "table_files", "txn_versions", "verify_checksum", "write_handle"]
+           "table_exists", "table_files", "table_identity", "txn_versions", "verify_checksum",
+           "write_handle"]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,34 @@ def write_handle(path: str) -> Iterator[DeltaTable | None]:
         yield h.table
         version = h.table.version()
         h.stamp, h.seen = _commit_stamp(path, version), max(h.seen, version)
+
+
+@dataclass(frozen=True)
+class TableIdentity:
+    """Who a table is at its newest version: its metadata id (a table deleted and created
+    anew at the same path gets a new one) and whether it records its Change Data Feed."""
+
+    id: str
+    version: int
+    cdf: bool
+
+
+def table_identity(path: str) -> TableIdentity | None:
+    """The :class:`TableIdentity` of the table at ``path`` at its newest version (``None``:
+    no table there), from the cached handle."""
+    from deltalake.exceptions import DeltaError
+
+    found = _handle(path, fresh=True)
+    if found is None:
+        return None
+    h = found[0]
+    with h.lock:
+        try:
+            meta = h.table.metadata()
+        except (DeltaError, OSError) as e:
+            raise read_error(path, e) from e
+        cdf = str(meta.configuration.get(CDF_PROPERTY, "false")).lower() == "true"
+        return TableIdentity(str(meta.id), int(h.table.version()), cdf)
 
 
 def table_exists(path: str, spark: SparkSession | None = None) -> bool:

@@ -10,7 +10,10 @@ reason in the element's ``meta["full_reload"]``): the CDF was not recorded for t
 its files or the log were cleaned, the table was recreated or its schema changed
 incompatibly (:data:`KNOWN_CDF_GAPS`), or the caller's ``reload_if`` says the changes
 cannot be applied (a refused version lies in the range, :mod:`lakecast.delta.validation`).
-Any other error of the CDF reader fails with its cause.
+Any other error of the CDF reader fails with its cause. A table that records no CDF at
+all (written by ``deltalake`` or a Spark session without ``delta.enableChangeDataFeed``)
+has its appends read from the log as inserts and its rewrites (overwrite, MERGE, DELETE,
+UPDATE) applied as reloads, logged at INFO once per table: that is expected, not a gap.
 
 Order is total and deterministic: commit order within a table; across tables by commit
 timestamp, then table name (a table's timestamps are made non-decreasing first, so
@@ -93,7 +96,46 @@ class DeltaFilesElement(BroadcastElement):
 
 
 class CdfUnavailable(Exception):
-    """The Change Data Feed cannot serve a version range."""
+    """The Change Data Feed cannot serve a version range. ``expected``: the table does not
+    record it at all (a writer such as ``deltalake`` or a Spark session without
+    ``delta.enableChangeDataFeed``), so a full reload is the normal way to apply a rewrite."""
+
+    def __init__(self, message: str, expected: bool = False) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+#: ``{path: {version: metadata id}}`` of the versions this process read elements at: a
+#: table deleted and created anew at the same path has another id (see
+#: :func:`read_broadcast_elements`)
+_SEEN_IDS: dict[str, dict[int, str]] = {}
+_SEEN_MAX = 256
+#: tables whose reloads for lack of a Change Data Feed were logged (INFO once, then DEBUG)
+_NO_CDF_LOGGED: set[str] = set()
+
+
+def _remember(path: str, version: int, ident: delta_io.TableIdentity | None) -> None:
+    """Record the table's metadata id for ``version`` (bounded per table)."""
+    if ident is None:
+        return
+    seen = _SEEN_IDS.setdefault(path, {})
+    seen[version] = ident.id
+    while len(seen) > _SEEN_MAX:
+        del seen[next(iter(seen))]
+
+
+def _recreated(path: str, prev: int, latest: int, ident: delta_io.TableIdentity | None
+               ) -> str | None:
+    """Why the table at ``path`` is not the one whose version ``prev`` was applied (it was
+    deleted and created anew: its versions restarted), or ``None``."""
+    if prev > latest:
+        return (f"the table was recreated: its newest version v{latest} is older than the "
+                f"applied v{prev} (its versions restarted)")
+    known = _SEEN_IDS.get(path, {}).get(prev)
+    if known is not None and ident is not None and known != ident.id:
+        return (f"the table was recreated: its metadata id is {ident.id}, the applied v{prev} "
+                f"was read from table {known}")
+    return None
 
 
 #: error conditions of Spark's CDF reader that mean "the feed cannot serve this range" (a
@@ -114,6 +156,11 @@ KNOWN_CDF_GAPS: dict[str, str] = {
     "DELTA_FILE_OR_DIR_NOT_FOUND": "change files of the range were vacuumed",
     "DELTA_CHANGE_DATA_FILE_NOT_FOUND": "change files of the range were vacuumed",
 }
+
+
+#: operations that only add rows or rearrange files: readable from the log without a
+#: Change Data Feed (:func:`lakecast.delta.io.read_changes_from_log`)
+_APPEND_ONLY = {"WRITE", "STREAMING UPDATE", "OPTIMIZE", "VACUUM START", "VACUUM END"}
 
 
 def known_cdf_gap(error: BaseException) -> str | None:
@@ -141,14 +188,22 @@ def known_cdf_gap(error: BaseException) -> str | None:
 
 
 def _full(spark: SparkSession, name: str, path: str, version: int, reason: str,
-          direct: bool = True, reload: bool = False) -> BroadcastElement:
+          direct: bool = True, reload: bool = False, expected: bool = False
+          ) -> BroadcastElement:
     """The whole table at ``version``: as its file list (read where the rows are needed,
     :class:`DeltaFilesElement`) when that is safe, else read by Spark now (and the reason
     says why). ``reload``: it replaces changes that cannot be applied (WARNING, and
-    ``meta["full_reload"]`` holds the reason)."""
+    ``meta["full_reload"]`` holds the reason); ``expected``: the table records no Change
+    Data Feed, so reloads are its normal way of applying rewrites (INFO the first time for
+    the table, then DEBUG)."""
     info = delta_io.commit_info(path, version, spark)
     meta = {"full_reload": reason} if reload else {}
-    if reload:
+    if reload and expected:
+        level = logging.DEBUG if path in _NO_CDF_LOGGED else logging.INFO
+        _NO_CDF_LOGGED.add(path)
+        log.log(level, "broadcast %s@v%d: full reload instead of changes (the table records "
+                "no Change Data Feed; logged once per table): %s", name, version, reason)
+    elif reload:
         log.warning("broadcast %s@v%d: full reload instead of changes: %s", name, version,
                     reason)
     if direct:
@@ -206,13 +261,24 @@ def _changes_with_spark(spark: SparkSession, path: str, start: int, end: int
 
 
 def _changes(
-    spark: SparkSession, name: str, path: str, start: int, end: int, fast_path: bool = True
+    spark: SparkSession, name: str, path: str, start: int, end: int, fast_path: bool = True,
+    cdf: bool = True,
 ) -> list[BroadcastElement]:
+    """One ``changes`` element per version ``start..end``. ``cdf``: whether the table
+    records its Change Data Feed (else a range that rewrites rows raises
+    :class:`CdfUnavailable` without running Spark's reader, which would fail)."""
     try:
         infos = list(delta_io.commit_infos(path, start, end).values())
     except delta_io.DeltaIOError as e:
         raise CdfUnavailable(f"log cleaned: {e}") from e
-    parts = _changes_from_log(path, start, end) if fast_path else None
+    parts = _changes_from_log(path, start, end) if fast_path or not cdf else None
+    if parts is None and not cdf:
+        rewrite = next((i for i in infos if i.operation not in _APPEND_ONLY or str(
+            i.parameters.get("mode", "Append")).lower() != "append"), None)
+        what = (f"version {rewrite.version} is a {rewrite.operation}" if rewrite is not None
+                else "its appends cannot be read from the log")
+        raise CdfUnavailable(f"{KNOWN_CDF_GAPS['DELTA_MISSING_CHANGE_DATA']} "
+                             f"({delta_io.CDF_PROPERTY} is not set) and {what}", expected=True)
     if parts is None:
         parts = _changes_with_spark(spark, path, start, end)
     out = []
@@ -241,7 +307,10 @@ def read_broadcast_elements(
     ``since[name]`` is the last applied version (missing/``None``: nothing applied yet).
     ``until[name]`` caps the version read; ``until=None``: every table at its newest
     version; given, a table absent from it is skipped (absent at plan time stays absent).
-    Tables that do not exist yet are skipped. ``reload_if(name, since, until)``: a reason
+    Tables that do not exist yet are skipped. A table deleted and created anew at its path
+    is reloaded whole (its versions restarted: detected when its newest version is older
+    than ``since``, or when this process read ``since`` from a table with another
+    metadata id). ``reload_if(name, since, until)``: a reason
     to reload the table whole at ``until`` instead of reading its changes (``None``: read
     them). ``fast_path`` reads simple commits' change files directly
     (:func:`lakecast.delta.io.read_changes_from_log`) instead of running a Spark job.
@@ -260,21 +329,29 @@ def read_broadcast_elements(
         if latest is None:
             continue
         prev = since.get(name)
-        if prev is not None and prev >= latest:
-            continue
+        ident = delta_io.table_identity(path)
         if prev is None:
             elements.append(_full(spark, name, path, latest, "no previous version: initial load",
                                   direct_full))
+            _remember(path, latest, ident)
             continue
-        why = reload_if(name, prev, latest) if reload_if is not None else None
+        why = _recreated(path, prev, latest, ident)
+        if why is None and prev >= latest:
+            continue
+        if why is None and reload_if is not None:
+            why = reload_if(name, prev, latest)
         if why:
             elements.append(_full(spark, name, path, latest, why, direct_full, reload=True))
+            _remember(path, latest, ident)
             continue
+        cdf = ident is None or ident.cdf
         try:
-            elements.extend(_changes(spark, name, path, prev + 1, latest, fast_path))
+            elements.extend(_changes(spark, name, path, prev + 1, latest, fast_path, cdf))
         except CdfUnavailable as e:
             reason = f"CDF does not cover versions {prev + 1}..{latest}: {e}"
-            elements.append(_full(spark, name, path, latest, reason, direct_full, reload=True))
+            elements.append(_full(spark, name, path, latest, reason, direct_full, reload=True,
+                                  expected=e.expected))
+        _remember(path, latest, ident)
     return order_elements(elements)
 
 

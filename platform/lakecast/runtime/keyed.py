@@ -255,10 +255,13 @@ class KeyedBroadcastRuntime:
         latest = {t: v for t, v in latest_versions(self.tables, self.spark).items()
                   if v is not None}
         target = dict(until) if until is not None else latest  # pinned: absent stays absent
-        if any(target.get(t, -1) < v for t, v in prev.items()):
+        # a table whose newest version is older than the applied one was deleted and
+        # created anew (its versions restarted): it is reloaded whole at ``target``
+        recreated = {t for t, v in prev.items() if t in latest and latest[t] < v}
+        if any(target.get(t, -1) < v for t, v in prev.items() if t not in recreated):
             raise KeyedStateError(f"batch {batch_id} would move broadcast state back from "
                                   f"{prev} to {target}")
-        self._chain_to(prev)
+        self._chain_to({t: v for t, v in prev.items() if t not in recreated})
         new = read_broadcast_elements(self.spark, self.tables, prev, target) \
             if target != prev else []
         new_bc: Any = self.broadcast.ship(new) if new else []
