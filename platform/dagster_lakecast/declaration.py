@@ -12,6 +12,7 @@ from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.build import broadcast_pipeline, keyed_pipeline
 from lakecast.config import Settings, get_settings
+from lakecast.names import check_pipeline_name, check_table_name
 from lakecast.pipeline.batch_result import BatchResult
 from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
@@ -149,6 +150,16 @@ class PipelineDeclaration:
     #: task-local state (``"tasks"``, warm micro-batches; for a pure lookup, held in the
     #: executor JVM and not checkpointed, :func:`lakecast.build.broadcast_pipeline`)
     execution: str = "tasks"
+
+    def __post_init__(self) -> None:
+        """Names that become paths and Dagster names are checked here, naming the field."""
+        check_pipeline_name(self.name, "name")
+        tables = [("events_table", self.events_table), ("output_table", self.output_table),
+                  *(("broadcast_tables", t) for t in self.broadcast_tables),
+                  *((f"side_outputs.{s}", t) for s, t in self.side_outputs.items()),
+                  *((("rejected_table", self.rejected_table),) if self.rejected_table else ())]
+        for name, table in tables:
+            check_table_name(table, name)
 
     @property
     def keyed(self) -> bool:

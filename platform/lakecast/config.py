@@ -260,12 +260,17 @@ class Settings:
 
     def table_path(self, name: str) -> str:
         """Path of the Delta table ``name`` in the lake."""
-        if not name or "/" in name or name.startswith("."):
-            raise ConfigError(f"invalid table name {name!r}")
-        return f"{self.lake_root}/{name}"
+        from lakecast.names import check_table_name
+
+        return f"{self.lake_root}/{check_table_name(name)}"
 
     def checkpoint_path(self, name: str) -> str:
-        """Path of the checkpoint folder ``name`` (streaming offsets, snapshots)."""
+        """Path of the checkpoint folder ``name`` (streaming offsets, snapshots); no part
+        of it may leave the checkpoint root."""
+        parts = name.split("/")
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ConfigError(f"invalid checkpoint folder {name!r}: it must stay under "
+                              f"{self.checkpoint_root}")
         return f"{self.checkpoint_root}/{name}"
 
     def ensure_local_dirs(self) -> None:

@@ -2,8 +2,6 @@
 :func:`dagster_lakecast.run_pipeline`, and a Component subclass overrides ``execute``;
 both write what a pandas reference says, on tables written with pandas + ``deltalake``."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import dagster as dg
@@ -96,12 +94,14 @@ def test_a_component_subclass_overrides_execute(spark, lake: Settings) -> None:
             "type": f"{__name__}.AuditedPipeline",
             "attributes": {"name": "fx", "function": "tests.newuser.project.fx:ToEur",
                            "events_table": "payments", "broadcast_tables": ["fx_rates"],
-                           "output_table": "payments_eur", "parallelism": 2}})
+                           "output_table": "payments_eur", "parallelism": 2,
+                           "side_outputs": {"unmatched": "payments_unmatched"}}})
         with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs), \
                 dg.instance_for_test() as instance:
             result = defs.resolve_job_def("fx_microbatch").execute_in_process(
                 instance=instance)
             assert result.success
-            (event,) = result.get_asset_materialization_events()
-            assert event.materialization.metadata["audited"].value is True
+            events = result.get_asset_materialization_events()
+            assert len(events) == 2  # the main output and the side output
+            assert all(e.materialization.metadata["audited"].value is True for e in events)
     assert_output(lake, reference(new))
