@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import dagster as dg
 from dagster.components import Resolver, Scaffolder, ScaffoldRequest, scaffold_with
@@ -159,6 +159,10 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
         "(column lineage of the main output).")
     execution: str = Field(default="tasks", description="tasks (task-local state) or joins "
                            "(a pure lookup as Spark broadcast joins).")
+    events_rewrites: Literal["fail", "skip"] = Field(
+        default="fail", description="An events commit that deletes or updates rows: fail "
+        "the batch (a clear error), or skip the commit (its rows are not read; outputs are "
+        "not retracted), as Delta's skipChangeCommits.")
     asset_keys: dict[str, str] = Field(
         default_factory=dict, description="table -> the asset key of its asset, e.g. "
         "'raw/clicks' (default: the table name): an input table's key names the user's asset "
@@ -192,6 +196,7 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
                      for t, cols in self.columns.items()},
             lineage={c: tuple(s) for c, s in self.lineage.items()},
             execution=self.execution, asset_keys=dict(self.asset_keys),
+            events_rewrites=self.events_rewrites,
             observe=tuple(self.observe), automation_condition=self.automation_condition,
             observe_automation=dg.AutomationCondition.cron_tick_passed(self.observe_cron)
             if self.observe_cron else None)

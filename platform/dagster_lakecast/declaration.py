@@ -135,6 +135,9 @@ class PipelineDeclaration:
     #: an ``AutomationCondition`` on the outputs (Declarative Automation, e.g. ``eager()``)
     #: instead of the sensor: the sensor is then declared stopped (start it to use both)
     automation_condition: Any = None
+    #: an events commit that deletes or updates rows: ``"fail"`` the batch (a clear error
+    #: naming the fix) or ``"skip"`` the commit whole (Delta's ``skipChangeCommits``)
+    events_rewrites: str = "fail"
     writer_jobs: tuple[str, ...] = ()
     broadcast_only_runs: bool = True
     deps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -239,7 +242,7 @@ class PipelineDeclaration:
             broadcast_tables=tuple(self.broadcast_tables), output_table=self.output_table,
             side_outputs=dict(self.side_outputs), rejected_table=self.rejected_table,
             max_versions_per_batch=max_versions_per_batch, state_table=self.state_table,
-            dedup=self.dedup)  # fmt: skip
+            dedup=self.dedup, events_rewrites=self.events_rewrites)  # fmt: skip
 
     def build(
         self,

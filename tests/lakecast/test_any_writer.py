@@ -269,12 +269,20 @@ def _events_batch(first: int, n: int) -> pd.DataFrame:
                          "day": [f"2026-01-0{1 + i % 3}" for i in ids]})
 
 
-def test_events_appended_by_deltalake_across_batches_optimize_and_vacuum(spark, tmp_path):
+@pytest.mark.parametrize("read", ["driver", "spark"])
+def test_events_appended_by_deltalake_across_batches_optimize_and_vacuum(
+        spark, tmp_path, monkeypatch, caplog, read):
     """The events table has no Change Data Feed (``deltalake``, partitioned by ``day``):
     batch after batch — two appends in one batch, an OPTIMIZE and a VACUUM between
     batches — each event is enriched once, as pandas computes it from the dimension's
     version the batch planned; an events commit that deletes rows then fails the run with
-    one clear line naming the table and version."""
+    one clear line naming the table and version, and with ``events_rewrites="skip"`` it
+    (and an UPDATE) is skipped whole while the appends after it are read. ``read``: the
+    added files read on the driver (small appends) or by Spark (the size bound at 0)."""
+    import lakecast.pipeline.events as events_module
+
+    if read == "spark":
+        monkeypatch.setattr(events_module, "DIRECT_READ_BYTES", 0)
     root = tmp_path / "lake"
     paths = {t: str(root / t) for t in ("events", DIM, "out")}
     dim_path = paths[DIM]
@@ -332,6 +340,33 @@ def test_events_appended_by_deltalake_across_batches_optimize_and_vacuum(spark, 
         assert "\n" not in message
         assert f"events table events version {bad} (DELETE)" in message
         assert "Reset the pipeline's outputs and progress log" in message
+        assert "events_rewrites='skip'" in message
+
+    # the same pipelines told to skip such commits: the DELETE and an UPDATE are skipped
+    # whole (said at WARNING), the appends around them are read once; nothing retracted
+    updated = DeltaTable(events)
+    updated.update(updates={"k": "0"}, predicate="event_id = 5")
+    later = append(500, 12)
+    skipping = {e: broadcast_pipeline(
+        spark, replace(spec, name=f"p_{e}", output_table=f"out_{e}", events_rewrites="skip"),
+        _lookup(), table_path=lambda t: str(root / t),
+        checkpoint_root=str(tmp_path / "ckpt"), **opts) for e, opts in {"jvm": {}}.items()}
+    with caplog.at_level(logging.WARNING, logger="lakecast.pipeline.events"):
+        for p in skipping.values():
+            results = p.run()
+            assert sum(r.counts["events_in"] for r in results) == len(later), [
+                (r.plan, r.counts) for r in results]
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert any(f"version {bad} (DELETE)" in m for m in said), said
+    assert any(f"version {bad + 1} (UPDATE)" in m for m in said), said
+    version = DeltaTable(dim_path).version()
+    for name in skipping:
+        out = delta_io.read(spark, str(root / f"out_{name}")).toPandas()
+        assert out["event_id"].is_unique and 3 in set(out["event_id"])  # not retracted
+        assert len(out) == sum(len(b) for b, _ in sent) + len(later)
+        got = out[out["event_id"].isin(later["event_id"])]
+        want = DeltaTable(dim_path, version=version).to_pandas()
+        assert _pairs(got.to_dict("records")) == _expected(later, want)
 
 
 def test_an_events_file_compacted_and_vacuumed_before_it_was_read_is_a_clear_error(

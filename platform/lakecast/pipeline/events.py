@@ -4,16 +4,20 @@ The events table may be written by any Delta writer (Spark, ``deltalake``, ...),
 without the Change Data Feed. A range whose commits only add data files (appends; also
 OPTIMIZE and VACUUM, which rearrange files without changing rows) is read from its
 Change Data Feed when the table records it over the whole range, else from the data
-files those commits added (:func:`read_added_files`). A commit that deletes or rewrites
-rows fails the batch with :class:`AppendOnlyError` (one line naming table, version and
-the fix) before anything is read or written.
+files those commits added (:func:`read_added_files`; small additions are read from their
+Parquet files on the driver, without a Spark scan of the table). A commit that deletes or
+rewrites rows fails the batch with :class:`AppendOnlyError` (one line naming table,
+version and the fix) before anything is read or written, unless the pipeline says
+``events_rewrites="skip"``: such a commit is then skipped whole, as Delta's streaming
+source does with ``skipChangeCommits`` (its rows are not read; outputs are not retracted;
+a WARNING names each one).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -45,36 +49,45 @@ class RangeCommits:
     removes: set[int] = field(default_factory=set)
     cdf: bool = True
     rows: int | None = 0
+    #: commits that delete or update rows, skipped (``events_rewrites="skip"``): version ->
+    #: operation
+    skipped: dict[int, str] = field(default_factory=dict)
 
 
 def _cdf_on(configuration: dict[str, Any] | None) -> bool:
     return str((configuration or {}).get(delta_io.CDF_PROPERTY, "false")).lower() == "true"
 
 
-def range_commits(spark: SparkSession, path: str, table: str, start: int, end: int
-                  ) -> RangeCommits:
+def range_commits(spark: SparkSession, path: str, table: str, start: int, end: int,
+                  skip_rewrites: bool = False) -> RangeCommits:
     """One pass over the commits ``start..end`` of the events table ``table``; raises
-    :class:`AppendOnlyError` at the first that deletes or updates rows."""
+    :class:`AppendOnlyError` at the first that deletes or updates rows, or with
+    ``skip_rewrites`` records it in :attr:`RangeCommits.skipped` and reads none of it."""
     out = RangeCommits(cdf=_cdf_on(delta_table(path, start - 1).metadata().configuration))
     for version in range(start, end + 1):
-        for action in delta_io.commit_actions(path, version, spark):
-            remove = action.get("remove")
-            if "cdc" in action or (remove is not None and remove.get("dataChange", True)):
-                op = next((a["commitInfo"].get("operation") for a in
-                           delta_io.commit_actions(path, version, spark) if "commitInfo" in a),
-                          None)
+        actions = delta_io.commit_actions(path, version, spark)
+        rewrite = any("cdc" in a or ("remove" in a and a["remove"].get("dataChange", True))
+                      for a in actions)
+        if rewrite:
+            op = next((a["commitInfo"].get("operation") for a in actions
+                       if "commitInfo" in a), None) or "a rewrite"
+            if not skip_rewrites:
                 raise AppendOnlyError(
-                    f"events table {table} version {version}"
-                    f"{f' ({op})' if op else ''} deletes or updates rows; a micro-batch "
-                    f"reads only appended events (reprocessing rewritten events would "
-                    f"duplicate output). Reset the pipeline's outputs and progress log, or "
-                    f"append instead of overwriting, deleting or merging.")
+                    f"events table {table} version {version} ({op}) deletes or updates "
+                    f"rows; a micro-batch reads only appended events (reprocessing "
+                    f"rewritten events would duplicate output). Reset the pipeline's "
+                    f"outputs and progress log, or append instead of overwriting, deleting "
+                    f"or merging, or set events_rewrites='skip' to skip such commits "
+                    f"(their rows are not read; outputs are not retracted).")
+            out.skipped[version] = op
+        for action in actions:
+            remove = action.get("remove")
             if remove is not None:
                 out.removes.add(version)
             if "metaData" in action:
                 out.cdf = out.cdf and _cdf_on(action["metaData"].get("configuration"))
             add = action.get("add")
-            if add is not None and add.get("dataChange", True):
+            if add is not None and add.get("dataChange", True) and not rewrite:
                 out.adds.setdefault(version, []).append(add)
                 if out.rows is not None:
                     n = json.loads(add.get("stats") or "{}").get("numRecords")
@@ -141,6 +154,41 @@ def _partition_filter(frame: DataFrame, adds: list[dict[str, Any]]) -> Any:
     return reduce(lambda x, y: x | y, terms)
 
 
+#: added files read on the driver (pyarrow) instead of by a Spark scan of the table, up to
+#: this many bytes (their size in the log): a small append is a local relation, not a job
+#: that lists and filters every file of the table
+DIRECT_READ_BYTES = 64 << 20
+
+
+def read_small_files(spark: SparkSession, path: str, version: int, names: set[str],
+                     adds: list[dict[str, Any]]) -> DataFrame | None:
+    """The rows of the files ``names`` of version ``version``, read with pyarrow
+    (:class:`~lakecast.delta.files.TableFiles`) into a local DataFrame in the table's
+    Spark schema, when they are small and a direct read is safe; else ``None`` (Spark reads
+    them)."""
+    from pyspark.sql.types import StructType
+
+    if sum(int(a.get("size") or 0) for a in adds) > DIRECT_READ_BYTES:
+        return None
+    try:
+        files = delta_io.table_files(path, version, open_files=False)
+    except delta_io.DirectReadUnsupported:
+        return None
+    keep = [i for i, f in enumerate(files.files) if Path(f).name in names]
+    if len(keep) != len(names):
+        return None  # a file the log lists is not in the snapshot: Spark says what
+    part = replace(files, files=tuple(files.files[i] for i in keep),
+                   partitions=tuple(files.partitions[i] for i in keep)
+                   if files.partitions else (),
+                   stats=tuple(files.stats[i] for i in keep) if files.stats else ())
+    schema = StructType.fromJson(json.loads(delta_table(path, version).schema().to_json()))
+    try:
+        rows = part.read()
+    except delta_io.DeltaIOError:
+        return None
+    return spark.createDataFrame(rows, schema=schema)
+
+
 def read_added_files(spark: SparkSession, path: str, table: str, commits: RangeCommits,
                      end: int) -> DataFrame:
     """The rows of the data files the range added, read through Delta (column mapping,
@@ -156,6 +204,10 @@ def read_added_files(spark: SparkSession, path: str, table: str, commits: RangeC
     for version, adds in groups:
         _check_present(path, table, version, adds)
         names = sorted({unquote(a["path"].rsplit("/", 1)[-1]) for a in adds})
+        direct = read_small_files(spark, path, version, set(names), adds)
+        if direct is not None:
+            frames.append(direct)
+            continue
         frame = delta_io.read(spark, path, version=version)
         pruned = _partition_filter(frame, adds)
         if pruned is not None:
@@ -170,25 +222,31 @@ def read_added_files(spark: SparkSession, path: str, table: str, commits: RangeC
     return out.select(*columns)
 
 
-def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan
-                    ) -> tuple[DataFrame, int | None]:
+def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan,
+                    rewrites: str = "fail") -> tuple[DataFrame, int | None]:
     """The plan's new events in the table ``table`` at ``path``, and how many rows the
     Delta log says they are (the ``numRecords`` statistics of the range's ``add`` actions,
     read without Spark; ``None`` when a file has none). That count is independent of the
     read, so the batch reconciles against it. One pass over the range's commits also
-    checks that it only appends (else :class:`AppendOnlyError`). The rows come from the
-    Change Data Feed when the table records it over the range, else from the data files
-    the range added (:func:`read_added_files`)."""
+    checks that it only appends (else :class:`AppendOnlyError`; ``rewrites="skip"``: such
+    commits are skipped, each said at WARNING). The rows come from the Change Data Feed
+    when the table records it over the range, else from the data files the range added
+    (:func:`read_added_files`)."""
     from pyspark.sql import functions as F
 
+    if rewrites not in ("fail", "skip"):
+        raise ValueError(f"events_rewrites must be 'fail' or 'skip', not {rewrites!r}")
     if plan.events_start < 0:
         return (delta_io.read(spark, path, version=plan.events_end),
                 delta_io.row_count(path, plan.events_end))
     start, end = plan.events_start + 1, plan.events_end
-    commits = range_commits(spark, path, table, start, end)
-    if not commits.cdf:
-        log.debug("events %s v%d..v%d: read from the added files (no Change Data Feed)",
-                  table, start, end)
+    commits = range_commits(spark, path, table, start, end, skip_rewrites=rewrites == "skip")
+    for version, op in commits.skipped.items():
+        log.warning("events table %s version %d (%s) deletes or updates rows: skipped "
+                    "(events_rewrites='skip'; its rows are not read, outputs are not "
+                    "retracted)", table, version, op)
+    if not commits.cdf or commits.skipped:
+        log.debug("events %s v%d..v%d: read from the added files", table, start, end)
         return read_added_files(spark, path, table, commits, end), commits.rows
     changes = delta_io.read_changes(spark, path, start, end)
     return changes.filter(F.col("_change_type") == "insert").drop(

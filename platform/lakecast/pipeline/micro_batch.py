@@ -173,7 +173,7 @@ class MicroBatchPipeline:
         """The plan's new events and their row count from the Delta log
         (:func:`~lakecast.pipeline.events.read_new_events`)."""
         return read_new_events(self.spark, self.table_path(self.spec.events_table),
-                               self.spec.events_table, plan)
+                               self.spec.events_table, plan, self.spec.events_rewrites)
 
     def run_batch(self, plan: BatchPlan, redone: bool = False) -> BatchResult:
         """Process one planned batch: count and reconcile first, then write, then commit.

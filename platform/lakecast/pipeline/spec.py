@@ -30,6 +30,16 @@ class PipelineSpec:
     #: the ``unmatched`` side output (:mod:`.held`)
     held_table: str | None = None
     hold_timeout: timedelta = timedelta(0)
+    #: an events commit that deletes or updates rows: ``"fail"`` the batch (a clear
+    #: error), or ``"skip"`` it whole, as Delta's ``skipChangeCommits`` (:mod:`.events`)
+    events_rewrites: str = "fail"
+
+    def __post_init__(self) -> None:
+        if self.events_rewrites not in ("fail", "skip"):
+            from lakecast.errors import ConfigError
+
+            raise ConfigError(f"{self.name}: events_rewrites must be 'fail' or 'skip', not "
+                              f"{self.events_rewrites!r}")
 
     @property
     def output_tables(self) -> list[str]:
