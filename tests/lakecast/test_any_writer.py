@@ -390,3 +390,34 @@ def test_an_events_file_compacted_and_vacuumed_before_it_was_read_is_a_clear_err
                                               "pipeline read them"):
         p.run()
     assert Path(events).exists()
+
+
+@pytest.mark.connect
+def test_small_appends_without_cdf_read_on_the_driver_over_spark_connect(connect_spark,
+                                                                           tmp_path):
+    """The driver-side read of small additions makes a local DataFrame the Lakecast Spark
+    server takes (Spark Connect): two batches of ``deltalake`` appends (partitioned and a
+    timestamp column), each event once, as pandas says."""
+    root = tmp_path / "lake"
+    write_deltalake(str(root / DIM), _dim(list(range(6)), "a"), mode="overwrite")
+    events = str(root / "events")
+    p = broadcast_pipeline(connect_spark, PipelineSpec("connected", "events", (DIM,), "out"),
+                           _lookup(), table_path=lambda t: str(root / t),
+                           checkpoint_root=str(tmp_path / "ckpt"))
+    sent = []
+    for first in (0, 100, 200):
+        batch = _events_batch(first, 9)
+        batch["at"] = pd.Timestamp("2026-01-01", tz="UTC") + pd.to_timedelta(
+            batch["event_id"], unit="s")
+        write_deltalake(events, batch, mode="append", partition_by=["day"])
+        sent.append(batch)
+        (result,) = p.run()
+        assert result.counts["events_in"] == len(batch)
+    out = delta_io.read(connect_spark, str(root / "out")).toPandas()
+    every = pd.concat(sent)
+    assert out["event_id"].is_unique and len(out) == len(every)
+    dim = DeltaTable(str(root / DIM)).to_pandas()
+    assert _pairs(out.to_dict("records")) == _expected(every, dim)
+    got = out.set_index("event_id")["at"].sort_index()
+    want = every.set_index("event_id")["at"].sort_index()
+    assert (pd.to_datetime(got, utc=True) == want).all()

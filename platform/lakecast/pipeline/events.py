@@ -74,8 +74,8 @@ def range_commits(spark: SparkSession, path: str, table: str, start: int, end: i
             if not skip_rewrites:
                 raise AppendOnlyError(
                     f"events table {table} version {version} ({op}) deletes or updates "
-                    f"rows; a micro-batch reads only appended events (reprocessing "
-                    f"rewritten events would duplicate output). Reset the pipeline's "
+                    f"rows; a micro-batch reads an append-only events table "
+                    f"(reprocessing rewritten events would duplicate output). Reset the pipeline's "
                     f"outputs and progress log, or append instead of overwriting, deleting "
                     f"or merging, or set events_rewrites='skip' to skip such commits "
                     f"(their rows are not read; outputs are not retracted).")
