@@ -123,15 +123,18 @@ def run_pipeline(context: AssetExecutionContext, decl: PipelineDeclaration,
     decl = resolved(decl, translator)
     refuse_second_writer(context, decl)
     settings = lake.settings()
+    config = config if config is not None else (decl.run_config or PipelineRunConfig)()
+    options = {k: v for k, v in config.model_dump().items() if k not in RUN_FIELDS}
+    try:  # a malformed run tag is a clear error even before the tables exist
+        until = None if config.follow else requested_versions(decl, context.run.tags, settings)
+    except LakecastError as e:
+        raise Failure(description=str(e)) from e
     missing = missing_inputs(decl, settings)
     if missing:  # nothing to read yet: said, not a failure (the next run reads them)
         context.log.warning(missing_message(decl, settings, missing))
         return
     record_missed(context, decl, settings)
-    config = config if config is not None else (decl.run_config or PipelineRunConfig)()
-    options = {k: v for k, v in config.model_dump().items() if k not in RUN_FIELDS}
     try:
-        until = None if config.follow else requested_versions(decl, context.run.tags, settings)
         pipeline = decl.build(
             pyspark.session_for(decl.name),
             settings,
