@@ -98,11 +98,43 @@ def announce_when_serving(url: str, timeout: float = SERVE_TIMEOUT_S) -> None:
         time.sleep(0.5)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names a loopback address (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_refusal(host: str, allow_remote: bool) -> str | None:
+    """Why the UI must not listen on ``host`` (``None``: it may): beyond loopback only
+    with ``--allow-remote``."""
+    if is_loopback(host) or allow_remote:
+        return None
+    return (f"--host {host} would serve the Dagster UI beyond this machine, and it has no "
+            "authentication of its own (anyone who reaches it can launch runs): keep the "
+            "default 127.0.0.1, or put an authenticating reverse proxy in front of it and "
+            "add --allow-remote (deploy/README.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.ui", description=__doc__)
     parser.add_argument("-p", "--port", type=int, default=3000)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (default: loopback only)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="listen on a non-loopback --host: the Dagster UI has no "
+                        "authentication of its own, so put an authenticating reverse proxy "
+                        "in front of it (deploy/README.md)")
     args = parser.parse_args(argv)
+    refusal = host_refusal(args.host, args.allow_remote)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     cmd = dev_command(args.port, args.host)
     print("Lakecast pipelines (job, its sensor, the tables it writes and reads):")
     print("\n".join(pipeline_lines()))

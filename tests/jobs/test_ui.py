@@ -60,3 +60,22 @@ def test_main_prints_the_pipelines_before_dagster_dev_starts(monkeypatch, tmp_pa
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == ui.pipeline_lines() and len(out) == 1 + len(PIPELINES), out
     assert started and started[0][1:2] == ["dev"] and "3999" in started[0]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.org"])
+def test_the_ui_beyond_loopback_needs_an_explicit_flag(host: str, capsys) -> None:
+    """``python -m jobs.ui --host <not loopback>`` refuses to start (nothing is started),
+    naming the flag and what to put in front; ``--allow-remote`` lets it through."""
+    from jobs.ui import host_refusal, main
+
+    assert main(["--host", host]) == 2
+    said = capsys.readouterr().err
+    assert "--allow-remote" in said and "reverse proxy" in said, said
+    assert host_refusal(host, allow_remote=True) is None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+def test_loopback_hosts_need_no_flag(host: str) -> None:
+    from jobs.ui import host_refusal
+
+    assert host_refusal(host, allow_remote=False) is None
