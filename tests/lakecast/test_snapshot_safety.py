@@ -219,3 +219,19 @@ def test_a_forged_checkpoint_is_refused_the_restore_falls_back_and_runs_no_code(
     assert sorted((r["event_id"], r["threshold"], r["seen"]) for r in rows) == [
         (i, {1: 0.1, 2: 0.2, 3: 0.3}[1 + i % 3], "0") for i in range(12)]
     assert not target.exists()
+
+
+def test_a_content_hash_read_from_the_lake_never_becomes_sql_text(spark, lake):
+    """A hash (or state name) with SQL in it filters as a literal: no row matches, where a
+    pasted filter (``... AND content_hash = 'x' OR '1'='1'``) would return every entry."""
+    path = lake.table_path("rules")
+    _rules(spark, path, [(1, 0.1), (2, 0.2)])
+    store = SnapshotStore(spark, snapshot_path(lake, "literal"), "literal")
+    rt = SnapshottingRuntime(spark, RulesWithHistory(), {"rules": path}, store,
+                             parallelism=1, function_id=f"literal-{uuid.uuid4().hex[:6]}")
+    rt.process(_events(spark, 1)).main.count()
+    rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0)
+    (m,) = [m for m in store.manifest(0) if m.state == "rules"]
+    assert store.entries(0, "rules", m.content_hash).num_rows == 2
+    assert store.entries(0, "rules", "x' OR '1'='1").num_rows == 0
+    assert store.entries(0, "x' OR '1'='1", None).num_rows == 0

@@ -283,12 +283,14 @@ class SnapshotStore:
 
     def entries(self, checkpoint_id: int, state: str | None = None,
                 content_hash: str | None = None) -> pa.Table:
-        """Entry rows (state, content_hash, seq, key, value) of a checkpoint, in order."""
-        where = f"checkpoint_id = {int(checkpoint_id)} AND kind = '{ENTRY}'"
-        if state is not None:
-            where += f" AND state = '{state}'"
-        if content_hash is not None:
-            where += f" AND content_hash = '{content_hash}'"
+        """Entry rows (state, content_hash, seq, key, value) of a checkpoint, in order
+        (values read from the lake filter as literals, never as SQL text)."""
+        from pyspark.sql import functions as F
+
+        where = (F.col("checkpoint_id") == int(checkpoint_id)) & (F.col("kind") == ENTRY)
+        for column, value in (("state", state), ("content_hash", content_hash)):
+            if value is not None:
+                where = where & (F.col(column) == F.lit(str(value)))
         t = (self._df().where(where)
              .select("state", "content_hash", "seq", "key", "value").toArrow())
         if t.num_rows == 0:
