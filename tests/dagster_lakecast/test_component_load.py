@@ -163,3 +163,19 @@ def test_a_name_that_would_leave_its_folder_fails_loading_naming_it(
     said = load_error({**ATTRIBUTES, yaml_field: value})
     assert f"field {yaml_field!r}" in said and "defs.yaml" in said, said
     assert not any(Path(lake.checkpoint_root).parent.glob("elsewhere*"))
+
+
+def test_a_continuous_run_waits_for_missing_inputs_and_ends_said(lake: Settings) -> None:
+    """Before its tables exist, the continuous run says which are missing and what creates
+    them, waits for them, and ends at its max_seconds with no batch (no Spark started)."""
+    defs = load(ATTRIBUTES)
+    job = defs.resolve_job_def("fx_continuous")
+    config = {"ops": {"fx_continuous_loop": {"config": {"max_seconds": 1.5,
+                                                        "poll_seconds": 0.5}}}}
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(run_config=config, instance=instance)
+        assert result.success
+        assert result.output_for_node("fx_continuous_loop")["batches"] == 0
+        logs = [r.user_message for r in instance.all_logs(result.run_id)]
+    assert any("'payments'" in m and "waits for them" in m for m in logs), logs
+    assert any("never appeared" in m for m in logs), logs
