@@ -29,6 +29,37 @@ def _uri(path: str) -> str:
     return path.removeprefix("file://") if path.startswith("file://") else path
 
 
+def write_failure(what: str, exc: BaseException) -> DeltaIOError:
+    """One line naming the table, what failed, its cause and the fix, by the kind of
+    failure (the trace stays on the error's ``__cause__``, for the log)."""
+    from deltalake.exceptions import CommitFailedError, DeltaProtocolError, SchemaMismatchError
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if isinstance(exc, CommitFailedError):
+        fix = ("another writer committed to the table at the same time and the commits "
+               "conflict; nothing was committed. Run again: a pipeline's batch is redone "
+               "exactly once (its transaction id makes a repeated write a no-op); make sure "
+               "only one job writes the table (e.g. not the sensor's and the continuous run)")
+        kind = "concurrent commit conflict"
+    elif isinstance(exc, SchemaMismatchError) or any(
+            w in first for w in ("Cast error", "schema", "Schema")):
+        fix = ("the rows' columns or types do not match the table's schema: fix the "
+               "function's output schema, or migrate the table")
+        kind = "schema mismatch"
+    elif isinstance(exc, DeltaProtocolError):
+        fix = ("the table uses Delta features this writer (delta-rs) cannot write: write "
+               "it with Spark, or recreate it without those features")
+        kind = "unsupported table protocol"
+    elif isinstance(exc, OSError) or "ObjectStore" in first or "Generic" in first:
+        fix = ("the storage refused or failed the write: check that the path is writable "
+               "and the credentials and network (object stores), then run again")
+        kind = "storage error"
+    else:
+        fix = "see the cause in the log; nothing was committed"
+        kind = type(exc).__name__
+    return DeltaIOError(f"{what} failed ({kind}: {first}); {fix}.")
+
+
 def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = None,
                  merge_schema: bool = True, user_metadata: str | None = None) -> int | None:
     """Append ``table`` to the Delta table at ``path`` (created if missing); returns the
@@ -58,11 +89,8 @@ def append_arrow(table: pa.Table, path: str, *, txn: tuple[str, int] | None = No
                 commit_properties=props,
             )
         except Exception as exc:  # delta-rs raises its own types; name the table and the fix
-            raise DeltaIOError(
-                f"appending {table.num_rows} rows to the Delta table at {path} failed: {exc}. "
-                f"Check that the table's schema accepts the rows (columns and types) and "
-                f"that the storage is writable."
-            ) from exc
+            raise write_failure(f"appending {table.num_rows} rows to the Delta table at {path}",
+                                exc) from exc
         if existing is not None:
             return existing.version()  # the write left the handle at its commit
     return DeltaTable(uri, storage_options=options_for(path)).version()
@@ -114,7 +142,7 @@ def overwrite_arrow(table: pa.Table, path: str, *, user_metadata: str | None = N
                         else None,
                         configuration=None if existing is not None else NEW_TABLE_PROPERTIES,
                         commit_properties=props)
-    except Exception as exc:  # delta-rs raises its own types; name the table
-        raise DeltaIOError(f"overwriting the Delta table at {path} with {table.num_rows} "
-                           f"rows failed: {exc}") from exc
+    except Exception as exc:  # delta-rs raises its own types; name the table and the fix
+        raise write_failure(f"overwriting the Delta table at {path} with {table.num_rows} rows",
+                            exc) from exc
     return DeltaTable(uri, storage_options=options_for(path)).version()
