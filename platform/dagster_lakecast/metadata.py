@@ -120,6 +120,8 @@ def batch_metadata(
         **{f"phase_{k}_seconds": round(v, 3) for k, v in result.phases.items()},
         "redone": result.redone,
         "parallelism": result.parallelism,
+        "state_engine": result.state_engine,
+        "state_engine_reason": result.state_engine_reason,
         "cold_tasks": result.cold_tasks,
         "state_bytes_per_task": result.state_bytes_per_task,
         "state_bytes_total": result.state_bytes_per_task * max(result.parallelism or 1, 1),

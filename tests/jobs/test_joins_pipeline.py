@@ -64,6 +64,12 @@ def test_a_pure_lookup_pipeline_writes_the_same_rows_in_each_execution_as_pandas
     ml.write_events(spark, lake, batches[0])
     for e, p in pipelines.items():
         results[e] += p.run()
+    # each batch names where its state lived and why
+    engines = {e: (r[0].state_engine, r[0].state_engine_reason) for e, r in results.items()}
+    assert engines["tasks"] == ("jvm", "a pure enrich(Lookup...): its state in the executor "
+                                       "JVM"), engines
+    assert engines["joins"][0] == "joins" and "execution='joins'" in engines["joins"][1]
+    assert engines["python"] == ("python", "jvm_lookups=False"), engines
     # segments v1: user 1 REGULAR, user 5 VIP; products v1: product 2 twice (refused)
     segs2 = pd.DataFrame({"user_id": [1, 2, 3, 4, 5],
                           "segment": ["REGULAR", "REGULAR", "CHURNING", "VIP", "VIP"]})

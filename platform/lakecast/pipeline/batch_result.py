@@ -27,6 +27,9 @@ class BatchResult:
     state_budget_bytes: int = 0
     updates_applied: int = 0
     cold_tasks: int = 0
+    #: where the task-local state lived, and why (the runtime's ``state_engine``)
+    state_engine: str = ""
+    state_engine_reason: str = ""
     #: the Spark executors that ran the batch's tasks (from their accounting rows)
     executors: list[str] = field(default_factory=list)
     #: what the runtime's ``after_commit`` hook did (e.g. the checkpoint it took)

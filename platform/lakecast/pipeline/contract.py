@@ -102,6 +102,11 @@ class BatchRuntime(Protocol):
 
     function_id: str
 
+    #: where the task-local state lives (``"jvm"``, ``"python"``, ``"joins"``, ``"keyed"``)
+    #: and why it was chosen: each batch's metadata names both
+    state_engine: str
+    state_engine_reason: str
+
     def process_batch(self, events: DataFrame, plan: BatchPlan) -> BatchOutput:
         """The batch at ``plan.broadcast_versions`` (lazy: nothing runs until an action).
         Must be deterministic for a given plan, so a redo computes the same output."""

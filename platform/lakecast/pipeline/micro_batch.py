@@ -267,6 +267,8 @@ class MicroBatchPipeline:
             state_budget_bytes=metrics.budget_bytes,
             updates_applied=metrics.broadcast_updates_applied,
             cold_tasks=int(summary["cold_tasks"]),
+            state_engine=self.runtime.state_engine,
+            state_engine_reason=self.runtime.state_engine_reason,
             executors=metrics.executors,
             state_check=state_check,
             refused_versions=list(plan.refused),

@@ -134,16 +134,23 @@ class BroadcastRuntime:
         self.jvm: JvmLookups | None = self._jvm_lookups(jvm_lookups)
 
     def _jvm_lookups(self, wanted: bool | None) -> JvmLookups | None:
-        if wanted is False or self.execution != "tasks" or not_joinable(self.function):
+        if self.execution == "joins":
+            self._engine_reason = "execution='joins': each batch runs as Spark broadcast joins"
+            return None
+        if wanted is False or not_joinable(self.function):
             if wanted and not_joinable(self.function):
                 raise ValueError(f"jvm_lookups=True: {not_joinable(self.function)}")
+            self._engine_reason = ("jvm_lookups=False" if wanted is False else
+                                   f"the function runs in Python ({not_joinable(self.function)})")
             return None
         why = unavailable(self.spark)
         if why is not None:
             if wanted:
                 raise ValueError(f"jvm_lookups=True: {why}")
             say_once(why)
+            self._engine_reason = f"JVM lookups unavailable: {why}"
             return None
+        self._engine_reason = "a pure enrich(Lookup...): its state in the executor JVM"
         from lakecast.config import get_settings
 
         assert isinstance(self.function, Enrichment)
@@ -156,6 +163,11 @@ class BroadcastRuntime:
         if self.execution == "joins":
             return "joins"
         return "jvm" if self.jvm is not None else "python"
+
+    @property
+    def state_engine_reason(self) -> str:
+        """Why :attr:`state_engine` holds the state (one line, for a batch's metadata)."""
+        return self._engine_reason
 
     # -- the chain -------------------------------------------------------------------
     @property

@@ -143,6 +143,11 @@ class KeyedBroadcastRuntime:
     :mod:`lakecast.runtime.keyed_store`). Keep one per Spark application; call
     :meth:`process` then (after the outputs are written) :meth:`commit` per batch."""
 
+    #: where the state lives (the runtime contract's names)
+    state_engine = "keyed"
+    state_engine_reason = ("a keyed function: keyed state in Delta, broadcast state in the "
+                           "Python workers by key group")
+
     def __init__(
         self,
         spark: SparkSession,
