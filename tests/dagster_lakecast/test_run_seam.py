@@ -104,4 +104,8 @@ def test_a_component_subclass_overrides_execute(spark, lake: Settings) -> None:
             events = result.get_asset_materialization_events()
             assert len(events) == 2  # the main output and the side output
             assert all(e.materialization.metadata["audited"].value is True for e in events)
+            # the batch names its state engine and why (ToEur overrides transform)
+            meta = events[0].materialization.metadata
+            assert meta["state_engine"].value == "python"
+            assert "runs in Python" in meta["state_engine_reason"].value
     assert_output(lake, reference(new))
