@@ -8,7 +8,8 @@ user fills in (``project/defs.yaml``) next to one module with the function
 (``project/fx.py``). The broadcast and events tables are written by the project's own
 Dagster assets with pandas + ``deltalake`` (``project/tables.py``), not by Lakecast.
 
-Then, through ``dg`` alone: the definitions load before any table exists; the user's
+Then, through ``dg`` alone: the definitions load before any table exists (``dg check
+defs``, ``dg list defs``, and ``dg dev``'s asset graph read from its GraphQL); the user's
 assets materialize from the CLI; a run enriches a batch; a broadcast overwrite, a deleted
 key and an added column each apply from the next batch on; a continuous run picks up a
 new commit; every output row equals a pandas reference built from time-travelled versions
@@ -107,6 +108,48 @@ def next_line(lines: queue.Queue[str], deadline: float) -> str | None:
         return lines.get(timeout=max(0.0, deadline - time.monotonic()))
     except queue.Empty:
         return None
+
+
+def dev_asset_graph(uv: str, project: Path, env: dict[str, str],
+                    timeout: float = 240) -> dict[str, set[str]]:
+    """Start ``uv run dg dev`` on a free loopback port, read each asset's upstream keys from
+    its webserver's GraphQL, then stop it (its whole process group)."""
+    import signal
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    query = json.dumps({"query": "{ assetNodes { assetKey { path } dependencyKeys { path } } }"})
+    proc = subprocess.Popen([uv, "run", "dg", "dev", "-h", "127.0.0.1", "-p", str(port)],
+                            cwd=project, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert proc.poll() is None, f"dg dev exited {proc.returncode}"
+            try:
+                request = urllib.request.Request(f"{url}/graphql", data=query.encode(),
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    nodes = json.loads(response.read())["data"]["assetNodes"]
+                if nodes:
+                    return {"/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in
+                                                             n["dependencyKeys"]}
+                            for n in nodes}
+            except (OSError, KeyError, TypeError, ValueError):
+                pass
+            assert time.monotonic() < deadline, f"dg dev did not serve {url} in {timeout} s"
+            time.sleep(1)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class Lake:
@@ -228,6 +271,10 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     assert {"fx_rates", "payments"} <= set(assets["payments_eur"]["dependency_keys"]), assets
     checks = {c["name"] for c in listed["asset_checks"]}
     assert {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"} <= checks
+    # `dg dev` serves that graph, the user's assets upstream of the outputs (no table yet)
+    graph = dev_asset_graph(uv, project, env)
+    assert {"fx_rates", "payments"} <= graph["payments_eur"], graph
+    assert graph["fx_rates"] == set() and graph["payments"] == set()
 
     def rates(values: dict[str, float], source: str | None = None) -> int:
         config = {"rates": values, **({"source": source} if source else {})}
