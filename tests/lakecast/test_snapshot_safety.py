@@ -232,6 +232,7 @@ def test_a_content_hash_read_from_the_lake_never_becomes_sql_text(spark, lake):
     rt.process(_events(spark, 1)).main.count()
     rt.checkpoint(0, batch_id=0, events_start=-1, events_end=0)
     (m,) = [m for m in store.manifest(0) if m.state == "rules"]
-    assert store.entries(0, "rules", m.content_hash).num_rows == 2
+    stored = store.entries(0, "rules").num_rows
+    assert stored > 0 and store.entries(0, "rules", m.content_hash).num_rows == stored
     assert store.entries(0, "rules", "x' OR '1'='1").num_rows == 0
     assert store.entries(0, "x' OR '1'='1", None).num_rows == 0
