@@ -166,7 +166,7 @@ def read_small_files(spark: SparkSession, path: str, version: int, names: set[st
     (:class:`~lakecast.delta.files.TableFiles`) into a local DataFrame in the table's
     Spark schema, when they are small and a direct read is safe; else ``None`` (Spark reads
     them)."""
-    from pyspark.sql.types import StructType
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     if sum(int(a.get("size") or 0) for a in adds) > DIRECT_READ_BYTES:
         return None
@@ -181,7 +181,8 @@ def read_small_files(spark: SparkSession, path: str, version: int, names: set[st
                    partitions=tuple(files.partitions[i] for i in keep)
                    if files.partitions else (),
                    stats=tuple(files.stats[i] for i in keep) if files.stats else ())
-    schema = StructType.fromJson(json.loads(delta_table(path, version).schema().to_json()))
+    # the Spark schema back from the Arrow one Spark's own types made (no second snapshot)
+    schema = from_arrow_schema(files.schema)
     try:
         rows = part.read()
     except delta_io.DeltaIOError:
