@@ -253,12 +253,12 @@ def _maintained(instance: Any) -> int:
     """How many maintenance runs (of either pipeline) have succeeded."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    from jobs.fraud.defs import FRAUD
+    from jobs.fraud.defs import FRAUD_PIPELINE
     from jobs.storefront.pipeline import MAINTENANCE_JOB
 
     return sum(instance.get_runs_count(RunsFilter(
         job_name=job, statuses=[DagsterRunStatus.SUCCESS]))
-        for job in (MAINTENANCE_JOB, FRAUD.maintenance_job_name))
+        for job in (MAINTENANCE_JOB, FRAUD_PIPELINE.handle.maintenance_job_name))
 
 
 def _committed(log: str, after: int) -> dict[int, int]:
@@ -405,7 +405,7 @@ def _soak(args: argparse.Namespace, server: Any, hard: float,
 
     from assets import datagen, producer
     from dagster_lakecast.runs import active_runs
-    from jobs.fraud.defs import FRAUD
+    from jobs.fraud.defs import FRAUD_PIPELINE
     from jobs.storefront.microbatch import ENRICHMENT
     from jobs.storefront.pipeline import MICROBATCH_JOB
     from lakecast.pipeline.progress import progress_path
@@ -570,7 +570,8 @@ def _soak(args: argparse.Namespace, server: Any, hard: float,
             wait_end = min(time.monotonic() + 300, hard)
             while time.monotonic() < wait_end:
                 if (max(_committed(log, first).values(), default=-1) >= last
-                        and not active_runs(instance, (MICROBATCH_JOB, FRAUD.job_name))):
+                        and not active_runs(instance, (MICROBATCH_JOB,
+                                                       FRAUD_PIPELINE.handle.job_name))):
                     rec["caught_up"] = True
                     break
                 time.sleep(2.0)
@@ -590,7 +591,6 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
 
     from assets.tables import EVENTS
     from jobs.definitions import FRAUD_PIPELINE
-    from jobs.fraud.defs import FRAUD
     from jobs.storefront.microbatch import MicroBatchRunConfig
     from jobs.storefront.pipeline import MAINTENANCE_JOB, MICROBATCH_JOB, OUTPUTS
 
@@ -666,7 +666,7 @@ def _report(args: argparse.Namespace, root: Path, rec: dict[str, Any],
                 if r["job"] == job and r["status"] == "SUCCESS" and r["end_time"]]
 
     bounded = storage_bounded(rec["minute"], "fraud_state_disk_bytes", "fraud_state_log_bytes",
-                              ended(FRAUD.maintenance_job_name),
+                              ended(FRAUD_PIPELINE.handle.maintenance_job_name),
                               state="fraud_state_state_bytes")
     snapshot_data = storage_bounded(rec["minute"], "snapshot_bytes", "snapshot_log_bytes",
                                     ended(MAINTENANCE_JOB))

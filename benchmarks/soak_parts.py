@@ -416,7 +416,7 @@ def maintenance_runs(instance: Any, excused: frozenset[str] = frozenset()) -> di
     ids: the Spark server was killed under it) is reported, its failure not counted."""
     from dagster import DagsterEventType, RunsFilter
 
-    from jobs.fraud.defs import FRAUD
+    from jobs.fraud.defs import FRAUD_PIPELINE
     from jobs.storefront.pipeline import MAINTENANCE_JOB
 
     def maintained(run_id: str) -> list[str]:  # the tables it observed (maintained)
@@ -430,7 +430,7 @@ def maintenance_runs(instance: Any, excused: frozenset[str] = frozenset()) -> di
             if e.dagster_event and getattr(e.dagster_event.event_specific_data, "error", None)]
         return errs[0].split("\n")[0][:300] if errs else None
 
-    jobs = (MAINTENANCE_JOB, FRAUD.maintenance_job_name)
+    jobs = (MAINTENANCE_JOB, FRAUD_PIPELINE.handle.maintenance_job_name)
     recs = [r for job in jobs for r in instance.get_run_records(RunsFilter(job_name=job))]
     runs = [{"run_id": r.dagster_run.run_id[:8], "job": r.dagster_run.job_name,
              "status": r.dagster_run.status.value,

@@ -23,9 +23,15 @@ from dagster_lakecast import (
     PipelineDeclaration,
 )
 from jobs.demo.live import remove_tables
-from jobs.fraud.defs import FRAUD, FRAUD_RULES
+from jobs.fraud.defs import FRAUD, FRAUD_PIPELINE, FRAUD_RULES
 from jobs.fraud.tables import fraud_rules, transactions
-from jobs.scoring.pipeline import CHALLENGER, CHAMPION, MODELS, PREDICTIONS, SCORING
+from jobs.scoring.pipeline import (
+    CHALLENGER,
+    CHAMPION,
+    MODELS,
+    PREDICTIONS,
+    SCORING_PIPELINE,
+)
 from jobs.scoring.producer import append_scoring_events
 from jobs.scoring.training import models
 from lakecast.config import Settings
@@ -61,7 +67,7 @@ def fraud_tour(instance: DagsterInstance) -> list[str]:
     from jobs.definitions import defs
 
     resources = {"pyspark": LakecastSparkResource(), "lake": LakeResource()}
-    job = defs.resolve_job_def(FRAUD.job_name)
+    job = defs.resolve_job_def(FRAUD_PIPELINE.handle.job_name)
     lines = []
     for disabled in ([], [DISABLED_RULE]):
         inputs = materialize(
@@ -113,7 +119,7 @@ def scoring_tour(instance: DagsterInstance, events_per_run: int = 300, max_iter:
 
     resources = {"pyspark": LakecastSparkResource(), "lake": LakeResource()}
     settings = resources["lake"].settings()
-    job = defs.resolve_job_def(SCORING.job_name)
+    job = defs.resolve_job_def(SCORING_PIPELINE.handle.job_name)
     lines = []
     for share in CHALLENGER_SHARES:
         config = {"challenger_share": share, "max_iter": max_iter}

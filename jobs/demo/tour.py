@@ -33,9 +33,9 @@ from assets.tables import ALL_TABLES, QUARANTINE
 from jobs.definitions import daily_segment_refresh_job, defs, dimension_refresh_job
 from jobs.demo.live import reset_demo_lake, run_live
 from jobs.demo.pipelines import fraud_tour, reset_pipeline, scoring_tour
-from jobs.fraud.defs import FRAUD
+from jobs.fraud.defs import FRAUD, FRAUD_PIPELINE
 from jobs.instance import ensure_instance
-from jobs.scoring.pipeline import SCORING
+from jobs.scoring.pipeline import SCORING, SCORING_PIPELINE
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.server import Server
@@ -147,11 +147,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if live.delay_seconds is not None:
         print(f"\ndelay from the user_segments v{live.segments_v2} commit to the first event "
               f"enriched with it: {live.delay_seconds:.1f}s ({live.runs} sensor-triggered runs)")
-    print(f"\n==> the fraud-rules pipeline ({FRAUD.job_name}): two {FRAUD.broadcast_tables[0]} "
+    fraud_job, scoring_job = FRAUD_PIPELINE.handle.job_name, SCORING_PIPELINE.handle.job_name
+    print(f"\n==> the fraud-rules pipeline ({fraud_job}): two {FRAUD.broadcast_tables[0]} "
           "versions, a run after each", flush=True)  # fmt: skip
     for line in fraud_tour(instance):
         print(line)
-    print(f"\n==> the model-scoring pipeline ({SCORING.job_name}): {SCORING.broadcast_tables[0]} "
+    print(f"\n==> the model-scoring pipeline ({scoring_job}): {SCORING.broadcast_tables[0]} "
           "trained twice (Spark MLlib, champion and challenger per segment), a run after each",
           flush=True)  # fmt: skip
     for line in scoring_tour(instance):

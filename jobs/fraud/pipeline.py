@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from assets.columns import COLUMNS, schemas
-from dagster_lakecast import CheckpointPolicy, PipelineDeclaration
+from dagster_lakecast import CheckpointPolicy, DagsterNames, PipelineDeclaration
 from examples.fraud_detection import MERCHANT_TTL, RULES, FraudDetector
 from lakecast.api.contracts import TableContract
 from lakecast.api.keyed import KeyedContext
@@ -117,7 +117,6 @@ def validate_transactions(events: DataFrame) -> DataFrame:
 
 # The declaration: about 20 lines (README, "Declare a pipeline").
 FRAUD = PipelineDeclaration(
-    columns=schemas(*COLUMNS),  # each table's declared columns (assets/columns.py)
     name="fraud",
     function=FraudRules,
     events_table=TRANSACTIONS,
@@ -130,10 +129,13 @@ FRAUD = PipelineDeclaration(
     order_columns=("tx_id",),
     parallelism=2,
     checkpoint=CheckpointPolicy(every=10),
-    description="Fraud rules per user: BLOCK alerts, REVIEW alerts (side output).",
-    descriptions={
-        FRAUD_ALERTS: "BLOCK alerts: small-then-large transactions at a new "
-        "merchant, per enabled BLOCK rule.",
-        FRAUD_REVIEW: "Side output: alerts of enabled REVIEW rules.",
-    },
+    dagster=DagsterNames(
+        columns=schemas(*COLUMNS),  # each table's declared columns (assets/columns.py)
+        description="Fraud rules per user: BLOCK alerts, REVIEW alerts (side output).",
+        descriptions={
+            FRAUD_ALERTS: "BLOCK alerts: small-then-large transactions at a new "
+            "merchant, per enabled BLOCK rule.",
+            FRAUD_REVIEW: "Side output: alerts of enabled REVIEW rules.",
+        },
+    ),
 )

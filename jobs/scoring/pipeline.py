@@ -33,7 +33,13 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from assets.columns import COLUMNS, schemas
-from dagster_lakecast import CheckpointPolicy, PipelineDeclaration, declare_pipeline
+from dagster_lakecast import (
+    CheckpointPolicy,
+    DagsterNames,
+    PipelineDeclaration,
+    PipelineHooks,
+    declare_pipeline,
+)
 from lakecast.api.contracts import TableContract
 from lakecast.api.descriptors import UNMATCHED, MapStateDescriptor, OutputTag
 from lakecast.api.functions import BroadcastProcessFunction, Context, ReadOnlyContext
@@ -225,7 +231,6 @@ def predictions_metadata(settings: Settings, result: BatchResult
 
 # The declaration: about 20 lines (README, "Declare a pipeline").
 SCORING = PipelineDeclaration(
-    columns=schemas(*COLUMNS),  # each table's declared columns (assets/columns.py)
     name="scoring",
     function=ModelScorer,
     events_table=SCORING_EVENTS,
@@ -237,12 +242,16 @@ SCORING = PipelineDeclaration(
     timestamp_column="ts",
     parallelism=2,
     checkpoint=CheckpointPolicy(every=10),
-    metadata=predictions_metadata,
-    description="Events scored with the broadcast models: champion or challenger per user.",
-    descriptions={
-        PREDICTIONS: "Scores of scoring_events: model_id, role and model_version (the "
-        "models version applied) per row.",
-        SCORING_UNMATCHED: "Side output: events of a segment without a model.",
-    },
+    dagster=DagsterNames(
+        columns=schemas(*COLUMNS),  # each table's declared columns (assets/columns.py)
+        description="Events scored with the broadcast models: champion or challenger per "
+        "user.",
+        descriptions={
+            PREDICTIONS: "Scores of scoring_events: model_id, role and model_version (the "
+            "models version applied) per row.",
+            SCORING_UNMATCHED: "Side output: events of a segment without a model.",
+        },
+    ),
+    hooks=PipelineHooks(metadata=predictions_metadata),
 )
 SCORING_PIPELINE = declare_pipeline(SCORING)

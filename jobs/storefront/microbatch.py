@@ -38,7 +38,9 @@ from dagster_lakecast import (
     EXCLUSIVE_TAG,
     VERSIONS_TAG,
     CheckpointPolicy,
+    DagsterNames,
     PipelineDeclaration,
+    PipelineHooks,
     PipelineRunConfig,
     declare_pipeline,
 )
@@ -148,7 +150,6 @@ def observe_events(context: SensorEvaluationContext, previous: Mapping[str, int 
 
 #: the storefront enrichment, as the factory builds it
 ENRICHMENT_DECLARATION = PipelineDeclaration(
-    columns=schemas(*COLUMNS),  # each table's declared columns (assets/columns.py)
     name=ENRICHMENT.name,
     function=StorefrontEnrichment,
     events_table=ENRICHMENT.events_table,
@@ -160,31 +161,36 @@ ENRICHMENT_DECLARATION = PipelineDeclaration(
     checkpoint=CheckpointPolicy(),
     timestamp_column="event_ts",
     dedup=ENRICHMENT.dedup,
-    description="Enrich new events with the current broadcast state, exactly once.",
-    descriptions={
-        ENRICHED_EVENTS: "Events enriched with product, segment and feature-flag broadcast "
-        "state; _state_version says which Delta versions enriched each row.",
-        ENRICHMENT_UNMATCHED: "Side output: valid events whose product is not in "
-        "dim_products.",
-        ENRICHMENT_REJECTED: "Side output: malformed events and duplicate event_ids (within "
-        "a batch, or of an event an earlier batch accepted), with the reason.",
-    },
-    deps={ENRICHED_EVENTS: (EVENTS, DIM_PRODUCTS, USER_SEGMENTS),
-          ENRICHMENT_UNMATCHED: (EVENTS, DIM_PRODUCTS), ENRICHMENT_REJECTED: (EVENTS,)},
-    group_name="microbatch",
-    metadata=result_metadata,
-    sensor="broadcast_versions_sensor",
-    sensor_description="Requests one enrichment micro-batch when the events table moved "
-    "past the last committed batch (or a crashed batch must be redone).",
-    maintenance_job=MAINTENANCE_JOB,
-    maintenance_schedule="lake_maintenance",
-    broadcast_only_runs=False,
-    builder=build_from_config,
-    run_config=MicroBatchRunConfig,
-    run_metadata=run_totals,
-    recovered_metadata=recovered_metadata,
-    state_budget=True,
-    sensor_events=observe_events,
+    dagster=DagsterNames(
+        columns=schemas(*COLUMNS),  # each table's declared columns (assets/columns.py)
+        description="Enrich new events with the current broadcast state, exactly once.",
+        descriptions={
+            ENRICHED_EVENTS: "Events enriched with product, segment and feature-flag "
+            "broadcast state; _state_version says which Delta versions enriched each row.",
+            ENRICHMENT_UNMATCHED: "Side output: valid events whose product is not in "
+            "dim_products.",
+            ENRICHMENT_REJECTED: "Side output: malformed events and duplicate event_ids "
+            "(within a batch, or of an event an earlier batch accepted), with the reason.",
+        },
+        deps={ENRICHED_EVENTS: (EVENTS, DIM_PRODUCTS, USER_SEGMENTS),
+              ENRICHMENT_UNMATCHED: (EVENTS, DIM_PRODUCTS), ENRICHMENT_REJECTED: (EVENTS,)},
+        group_name="microbatch",
+        sensor="broadcast_versions_sensor",
+        sensor_description="Requests one enrichment micro-batch when the events table "
+        "moved past the last committed batch (or a crashed batch must be redone).",
+        maintenance_job=MAINTENANCE_JOB,
+        maintenance_schedule="lake_maintenance",
+        broadcast_only_runs=False,
+        state_budget=True,
+    ),
+    hooks=PipelineHooks(
+        metadata=result_metadata,
+        builder=build_from_config,
+        run_config=MicroBatchRunConfig,
+        run_metadata=run_totals,
+        recovered_metadata=recovered_metadata,
+        sensor_events=observe_events,
+    ),
 )
 #: its Dagster definitions
 ENRICHMENT_PIPELINE = declare_pipeline(ENRICHMENT_DECLARATION)

@@ -32,7 +32,7 @@ from dagster import (
     asset_check,
 )
 
-from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.metadata import lag
 from dagster_lakecast.recompute import CHECK_NAME as RECOMPUTE_CHECK
 from dagster_lakecast.recompute import recompute_check
@@ -41,7 +41,7 @@ from dagster_lakecast.state_budget import state_budget_check
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.delta.validation import VersionGate
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, read_log
 
 __all__ = ["ON_REQUEST_CHECKS", "counts_reconcile", "events_freshness", "newest_versions_refused",
            "pipeline_checks"]
@@ -69,10 +69,10 @@ def surviving_batches(
 
 
 def counts_reconcile(
-    decl: PipelineDeclaration, settings: Settings
+    pipe: PipelineHandle, settings: Settings
 ) -> tuple[bool, list[str], dict[str, Any]]:
     """``(passed, problems, metadata)`` of the reconciliation (see the module docstring)."""
-    plans, commits = read_log(progress_path(settings.checkpoint_root, decl.name))
+    plans, commits = read_log(pipe.locate(settings).progress)
     batches = surviving_batches(plans, commits)
     if not batches:
         return True, [], {"batches": 0}
@@ -91,14 +91,14 @@ def counts_reconcile(
         for key in ("events_in", "processed", "rejected")
     }
     last_plan, last_commit = batches[-1]
-    events = delta_io.row_count(settings.table_path(decl.events_table), last_plan.events_end)
+    events = delta_io.row_count(settings.table_path(pipe.decl.events_table), last_plan.events_end)
     if events != total["events_in"]:
         problems.append(
-            f"{decl.events_table}@v{last_plan.events_end} holds {events} rows; "
+            f"{pipe.decl.events_table}@v{last_plan.events_end} holds {events} rows; "
             f"the batches read {total['events_in']}"
         )
     tables: dict[str, Any] = {}
-    for table, key in decl.outputs:
+    for table, key in pipe.outputs:
         want = sum(int(c.counts.get(key, 0)) for _, c in batches)
         version = last_commit.output_versions.get(table, -1)
         have = delta_io.row_count(settings.table_path(table), version) if version >= 0 else 0
@@ -118,12 +118,12 @@ def counts_reconcile(
 
 
 def newest_versions_refused(
-    decl: PipelineDeclaration, settings: Settings, spark: Any = None
+    pipe: PipelineHandle, settings: Settings, spark: Any = None
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """The newest version of each broadcast table and those its contracts refuse (read
     without Spark unless ``spark`` is given)."""
-    tables = {t: settings.table_path(t) for t in decl.broadcast_tables}
-    gate = VersionGate(spark, tables, decl.function().table_contracts())
+    tables = {t: settings.table_path(t) for t in pipe.decl.broadcast_tables}
+    gate = VersionGate(spark, tables, pipe.decl.function().table_contracts())
     newest = {
         t: v for t, p in tables.items() if (v := delta_io.latest_version(p, spark)) is not None
     }
@@ -136,47 +136,47 @@ def newest_versions_refused(
 
 
 def events_freshness(
-    decl: PipelineDeclaration, settings: Settings, now: float | None = None
+    pipe: PipelineHandle, settings: Settings, now: float | None = None
 ) -> tuple[bool, str | None, dict[str, Any]]:
     """``(passed, problem, metadata)``: whether every events version committed more than
-    ``decl.freshness_seconds`` before ``now`` is processed by a committed batch."""
-    plans, commits = read_log(progress_path(settings.checkpoint_root, decl.name))
+    ``pipe.decl.dagster.freshness_seconds`` before ``now`` is processed by a committed batch."""
+    plans, commits = read_log(pipe.locate(settings).progress)
     batches = surviving_batches(plans, commits)
     end = batches[-1][0].events_end if batches else -1
     now = time.time() if now is None else now
-    behind, age = lag(decl, settings, end, now)
+    behind, age = lag(pipe, settings, end, now)
     meta = {
         "processed_through_version": end,
         "unprocessed_versions": behind,
         "oldest_unprocessed_seconds": age,
-        "bound_seconds": decl.freshness_seconds,
+        "bound_seconds": pipe.decl.dagster.freshness_seconds,
     }
-    if age <= decl.freshness_seconds:
+    if age <= pipe.decl.dagster.freshness_seconds:
         return True, None, meta
     return False, (
-        f"{decl.events_table}: {behind} version(s) after v{end} unprocessed, the oldest "
-        f"committed {age:.0f} s ago (bound {decl.freshness_seconds:.0f} s): start the "
-        f"{decl.sensor_name} sensor or run {decl.job_name}"
+        f"{pipe.decl.events_table}: {behind} version(s) after v{end} unprocessed, the oldest "
+        f"committed {age:.0f} s ago (bound {pipe.decl.dagster.freshness_seconds:.0f} s): start the "
+        f"{pipe.sensor_name} sensor or run {pipe.job_name}"
     ), meta
 
 
-def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
+def pipeline_checks(pipe: PipelineHandle) -> list[AssetChecksDefinition]:
     """The pipeline's asset checks, on its main output asset."""
 
     @asset_check(
-        asset=decl.asset_key(decl.output_table),
+        asset=pipe.asset_key(pipe.decl.output_table),
         name="counts_reconcile",
-        description=f"Events of {decl.events_table} read = processed + rejected, "
+        description=f"Events of {pipe.decl.events_table} read = processed + rejected, "
         "and every output table holds the rows its batches reported.",
     )
     def check_counts(lake: LakeResource) -> AssetCheckResult:
-        passed, problems, meta = counts_reconcile(decl, lake.settings())
+        passed, problems, meta = counts_reconcile(pipe, lake.settings())
         return AssetCheckResult(
             passed=passed, metadata=meta, description="; ".join(problems) or None
         )
 
     @asset_check(
-        asset=decl.asset_key(decl.output_table),
+        asset=pipe.asset_key(pipe.decl.output_table),
         name="broadcast_versions_accepted",
         description="The newest version of every broadcast table passes the "
         "function's table contracts. Blocking: a refused version of a contract whose policy "
@@ -187,10 +187,10 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
     def check_versions(pyspark: LakecastSparkResource, lake: LakeResource) -> AssetCheckResult:
         settings = lake.settings()
         try:
-            newest, refused = newest_versions_refused(decl, settings)
+            newest, refused = newest_versions_refused(pipe, settings)
         except delta_io.DirectReadUnsupported:  # e.g. an object-store lake: read with Spark
-            newest, refused = newest_versions_refused(decl, settings, pyspark.spark_session)
-        policies = {c.table: c.on_invalid for c in decl.function().table_contracts()}
+            newest, refused = newest_versions_refused(pipe, settings, pyspark.spark_session)
+        policies = {c.table: c.on_invalid for c in pipe.decl.function().table_contracts()}
         fatal = any(policies.get(r["table"]) == "fail" for r in refused)
         return AssetCheckResult(
             passed=not refused,
@@ -203,16 +203,16 @@ def pipeline_checks(decl: PipelineDeclaration) -> list[AssetChecksDefinition]:
         )
 
     @asset_check(
-        asset=decl.asset_key(decl.output_table),
+        asset=pipe.asset_key(pipe.decl.output_table),
         name="events_fresh",
-        description=f"No version of {decl.events_table} committed more than "
-        f"{decl.freshness_seconds:.0f} s ago is left unprocessed.",
+        description=f"No version of {pipe.decl.events_table} committed more than "
+        f"{pipe.decl.dagster.freshness_seconds:.0f} s ago is left unprocessed.",
     )
     def check_fresh(lake: LakeResource) -> AssetCheckResult:
-        passed, problem, meta = events_freshness(decl, lake.settings())
+        passed, problem, meta = events_freshness(pipe, lake.settings())
         return AssetCheckResult(passed=passed, metadata=meta, description=problem)
 
-    checks = [check_counts, check_versions, check_fresh, recompute_check(decl)]
-    if decl.state_budget:
-        checks.append(state_budget_check(decl.asset_key(decl.output_table)))
+    checks = [check_counts, check_versions, check_fresh, recompute_check(pipe)]
+    if pipe.decl.dagster.state_budget:
+        checks.append(state_budget_check(pipe.asset_key(pipe.decl.output_table)))
     return checks

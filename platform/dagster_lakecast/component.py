@@ -14,6 +14,14 @@
       parallelism: 2
       checkpoint: {every: 10, keep: 10}
       freshness_seconds: 900
+      translation: {group_name: payments, key_prefix: lake}   # every table's asset spec
+      lake: {lake_root: s3a://bucket/lake}                     # the lake resource's fields
+
+``translation`` is applied to each table's ``AssetSpec`` like the ``translation`` of the
+Components Dagster ships (``{{ table }}``, ``{{ role }}``, ``{{ pipeline }}`` and
+``{{ spec }}`` in templates); ``lake`` and ``pyspark`` set the fields of the
+:class:`~dagster_lakecast.LakeResource` and :class:`~dagster_lakecast.LakecastSparkResource`
+the definitions carry (two components of one project must agree on them).
 
 It builds the same definitions as :func:`dagster_lakecast.declare_pipeline` (micro-batch
 job, sensor, continuous job, output assets, checks, maintenance job and schedule) and the
@@ -27,17 +35,22 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import dagster as dg
 from dagster.components import Resolver, Scaffolder, ScaffoldRequest, scaffold_with
+from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from pydantic import ConfigDict, Field
 
 from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
 from dagster_lakecast.execute import PipelineRunConfig, run_pipeline
 from dagster_lakecast.factory import declare_pipeline
+from dagster_lakecast.handle import PipelineHandle
+from dagster_lakecast.naming import DagsterNames
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
+from dagster_lakecast.translator import DagsterLakecastTranslator
 from lakecast.errors import LakecastError
 from lakecast.pipeline.dedup import DedupSpec
 
@@ -81,6 +94,49 @@ class DedupModel(dg.Model):
     key: str = Field(description="The events' key column (e.g. payment_id).")
     time_column: str = Field(description="The events' event-time column.")
     reason: str = Field(default="duplicate_key", description="The rejection reason.")
+
+
+class LakeModel(dg.Model):
+    """The fields of the ``lake`` resource (:class:`~dagster_lakecast.LakeResource`)."""
+
+    lake_root: str = Field(default="", description="Where the Delta tables are (default: "
+                           "LAKECAST_LAKE_ROOT, else the project's var/lake).")
+    checkpoint_root: str = Field(default="", description="Where the pipelines' progress and "
+                                 "snapshots are (default: LAKECAST_CHECKPOINT_ROOT).")
+
+
+class SparkModel(dg.Model):
+    """The fields of the ``pyspark`` resource (:class:`~dagster_lakecast.LakecastSparkResource`)."""
+
+    spark_config: dict[str, str] = Field(default_factory=dict, description="Spark settings "
+                                         "over Lakecast's session factory's.")
+
+
+@dataclass(frozen=True)
+class TableProps:
+    """What a ``translation`` template sees of one table: ``table``, ``role``, ``pipeline``."""
+
+    table: str
+    role: str
+    pipeline: str
+
+
+class ComponentTranslator(DagsterLakecastTranslator):
+    """The default translator with the component's ``translation`` applied to every spec
+    (and to the keys that deps and the run seam use)."""
+
+    def __init__(self, fn: TranslationFn[TableProps]) -> None:
+        self.fn = fn
+
+    def get_asset_key(self, decl: PipelineDeclaration, table: str, role: str) -> dg.AssetKey:
+        base = super().get_asset_key(decl, table, role)
+        return self.fn(dg.AssetSpec(base), TableProps(table, role, decl.name)).key
+
+    def get_asset_spec(self, decl: PipelineDeclaration, table: str, role: str
+                       ) -> dg.AssetSpec:
+        spec = super().get_asset_spec(decl, table, role)
+        base = spec.replace_attributes(key=super().get_asset_key(decl, table, role))
+        return self.fn(base, TableProps(table, role, decl.name))
 
 
 class LakecastPipelineScaffolder(Scaffolder):
@@ -179,6 +235,15 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
             "Declarative Automation of the main output instead of the sensor (which is then "
             "declared stopped), e.g. \"{{ automation_condition.eager() }}\"."))] = None
 
+    translation: Annotated[
+        TranslationFn[TableProps] | None,
+        TranslationFnResolver[TableProps](
+            lambda t: {"table": t.table, "role": t.role, "pipeline": t.pipeline}),
+    ] = None
+    lake: LakeModel | None = Field(default=None, description="The lake resource's fields.")
+    pyspark: SparkModel | None = Field(default=None, description="The pyspark resource's "
+                                       "fields.")
+
     def declaration(self, where: str = "defs.yaml") -> PipelineDeclaration:
         """The :class:`PipelineDeclaration` this component stands for."""
         function = resolve_function(self.function, where)
@@ -188,32 +253,47 @@ class LakecastPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
             side_outputs=dict(self.side_outputs), rejected_table=self.rejected_table,
             parallelism=self.parallelism,
             checkpoint=CheckpointPolicy(self.checkpoint.every, self.checkpoint.keep),
-            freshness_seconds=self.freshness_seconds,
             timestamp_column=self.timestamp_column, order_columns=tuple(self.order_columns),
             dedup=DedupSpec(**self.dedup.model_dump()) if self.dedup else None,
-            description=self.description, group_name=self.group_name,
-            columns={t: dg.TableSchema(columns=[dg.TableColumn(**c) for c in cols])
-                     for t, cols in self.columns.items()},
-            lineage={c: tuple(s) for c, s in self.lineage.items()},
-            execution=self.execution, asset_keys=dict(self.asset_keys),
-            events_rewrites=self.events_rewrites,
-            observe=tuple(self.observe), automation_condition=self.automation_condition,
-            observe_automation=dg.AutomationCondition.cron_tick_passed(self.observe_cron)
-            if self.observe_cron else None)
+            execution=self.execution, events_rewrites=self.events_rewrites,
+            dagster=DagsterNames(
+                description=self.description, group_name=self.group_name,
+                freshness_seconds=self.freshness_seconds,
+                columns={t: dg.TableSchema(columns=[dg.TableColumn(**c) for c in cols])
+                         for t, cols in self.columns.items()},
+                lineage={c: tuple(s) for c, s in self.lineage.items()},
+                asset_keys=dict(self.asset_keys), observe=tuple(self.observe),
+                automation_condition=self.automation_condition,
+                observe_automation=dg.AutomationCondition.cron_tick_passed(self.observe_cron)
+                if self.observe_cron else None))
 
-    def execute(self, context: dg.AssetExecutionContext, decl: PipelineDeclaration,
+    def translator(self) -> DagsterLakecastTranslator:
+        """The translator of the component's assets (its ``translation`` applied)."""
+        if self.translation is None:
+            return DagsterLakecastTranslator()
+        return ComponentTranslator(self.translation)
+
+    def resources(self) -> dict[str, Any]:
+        """The ``pyspark`` and ``lake`` resources (the defaults' objects unless set)."""
+        return {"pyspark": LakecastSparkResource(spark_config=dict(self.pyspark.spark_config))
+                if self.pyspark else RESOURCES["pyspark"],
+                "lake": LakeResource(**self.lake.model_dump()) if self.lake
+                else RESOURCES["lake"]}
+
+    def execute(self, context: dg.AssetExecutionContext, pipe: PipelineHandle,
                 pyspark: LakecastSparkResource, lake: LakeResource,
                 config: PipelineRunConfig | None = None) -> Iterator[dg.MaterializeResult]:
         """Run the pipeline's pending batches in the micro-batch asset's step; override it
         to add steps around them (call ``super().execute(...)`` or
         :func:`~dagster_lakecast.run_pipeline`), like Dagster's own Components."""
-        yield from run_pipeline(context, decl, pyspark, lake, config)
+        yield from run_pipeline(context, pipe, pyspark, lake, config)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         where = str(Path(context.path) / "defs.yaml")
         try:
-            made = declare_pipeline(self.declaration(where), execute=self.execute)
+            made = declare_pipeline(self.declaration(where), self.translator(),
+                                    execute=self.execute)
         except LakecastError as e:
             raise ComponentError(str(e) if where in str(e) else f"{where}: {e}") from e
         defs = made.definitions()
-        return dg.Definitions.merge(defs, dg.Definitions(resources=RESOURCES))
+        return dg.Definitions.merge(defs, dg.Definitions(resources=self.resources()))

@@ -42,7 +42,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.inputs import missing_inputs, missing_message
 from dagster_lakecast.metadata import log_batch, record_batch, record_missed, table_versions
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
@@ -114,43 +114,43 @@ def _numeric(values: Mapping[str, Any]) -> dict[str, int | float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def wait_for_inputs(context: OpExecutionContext, decl: PipelineDeclaration,
+def wait_for_inputs(context: OpExecutionContext, pipe: PipelineHandle,
                     settings: Settings, deadline: float, poll_seconds: float) -> bool:
     """Wait until every input table exists (said once, with what creates them); ``False``
     when the run's time ends (or it is terminated) first."""
-    missing = missing_inputs(decl, settings)
+    missing = missing_inputs(pipe, settings)
     if missing:
-        context.log.warning(missing_message(decl, settings, missing) + " The continuous run "
+        context.log.warning(missing_message(pipe, settings, missing) + " The continuous run "
                             "waits for them.")
     while missing:
         if time.monotonic() >= deadline or _terminating(context):
             context.log.info(f"continuous run ends: {', '.join(missing)} never appeared")
             return False
         time.sleep(max(poll_seconds, 0.5))
-        missing = missing_inputs(decl, settings)
+        missing = missing_inputs(pipe, settings)
     return True
 
 
-def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
-    """The continuous job of ``decl`` (see the module docstring)."""
+def declare_continuous(pipe: PipelineHandle) -> JobDefinition:
+    """The continuous job of ``pipe`` (see the module docstring)."""
 
-    @op(name=f"{decl.name}_continuous_loop",
+    @op(name=f"{pipe.name}_continuous_loop",
         out=Out(dict, description="The run's totals (also in its log)."),
-        description=f"Process every new {decl.events_table} commit of the {decl.name} "
+        description=f"Process every new {pipe.decl.events_table} commit of the {pipe.name} "
                     "pipeline as soon as it lands, until terminated or max_seconds.")
     def continuous_loop(context: OpExecutionContext, config: ContinuousConfig,
                         pyspark: LakecastSparkResource, lake: LakeResource) -> Output[dict]:
-        refuse_second_writer(context.instance, context.run_id, decl.continuous_job_name,
-                             decl.writers, decl.name)
+        refuse_second_writer(context.instance, context.run_id, pipe.continuous_job_name,
+                             pipe.writers, pipe.name)
         settings = lake.settings()
         deadline = time.monotonic() + config.max_seconds
-        if not wait_for_inputs(context, decl, settings, deadline, config.poll_seconds):
+        if not wait_for_inputs(context, pipe, settings, deadline, config.poll_seconds):
             totals = run_totals([])
             return Output(totals, metadata=_numeric(totals))
-        record_missed(context, decl, settings)
-        spark = pyspark.session_for(decl.name)
+        record_missed(context, pipe, settings)
+        spark = pyspark.session_for(pipe.name)
         try:
-            pipeline = decl.build(spark, settings, parallelism=config.parallelism)
+            pipeline = pipe.decl.build(spark, settings, parallelism=config.parallelism)
         except LakecastError as e:
             raise Failure(description=str(e)) from e
         results: list[BatchResult] = []
@@ -161,7 +161,7 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
         # checkpoints run beside the next batches instead of between two of them
         deferred = pipeline.defer_checkpoints()
         context.log.info(f"task-local state warmed in {time.monotonic() - t0:.1f}s ({cold} "
-                         f"task(s) were cold); watching {list(table_versions(decl, settings))}"
+                         f"task(s) were cold); watching {list(table_versions(pipe, settings))}"
                          f" for up to {config.max_seconds:.0f}s")
         with StopRequest() as stop:
             try:
@@ -174,7 +174,7 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
                             context.log.info("terminated: stopping between two batches")
                             break
                         next_status_check = now + 1.0
-                    versions = table_versions(decl, settings)
+                    versions = table_versions(pipe, settings)
                     if versions == seen:
                         time.sleep(config.poll_seconds)
                         continue
@@ -183,7 +183,7 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
                     if not done:  # nothing to do at these versions (broadcast-only change)
                         seen = versions
                         continue
-                    record_batch(context, decl, settings, done[0])
+                    record_batch(context, pipe, settings, done[0])
                     results += done
             except BaseException as e:
                 if is_connect(spark):  # do not leave the batch's jobs running on the server
@@ -199,8 +199,8 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
             if last:
                 context.log.info(f"checkpoint written in the background: {last}")
         totals = run_totals(results)
-        if decl.run_metadata is not None:
-            totals.update(_numeric(decl.run_metadata(results)))
+        if pipe.decl.hooks.run_metadata is not None:
+            totals.update(_numeric(pipe.decl.hooks.run_metadata(results)))
         if stop.requested:
             context.log.info(f"interrupted after {len(results)} batch(es), none cut short: "
                              f"{totals}")
@@ -208,11 +208,11 @@ def declare_continuous(decl: PipelineDeclaration) -> JobDefinition:
         context.log.info(f"continuous run ends: {totals}")
         return Output(totals, metadata=_numeric(totals))
 
-    @job(name=decl.continuous_job_name,
-         description=f"Continuous mode of the {decl.name} pipeline: one warm run that "
-                     f"processes each {decl.events_table} commit as it lands. Terminate it "
+    @job(name=pipe.continuous_job_name,
+         description=f"Continuous mode of the {pipe.name} pipeline: one warm run that "
+                     f"processes each {pipe.decl.events_table} commit as it lands. Terminate it "
                      "from the UI to stop.",
-         tags={EXCLUSIVE_TAG: decl.continuous_job_name}, config=QUIET_RUN_LOGS,
+         tags={EXCLUSIVE_TAG: pipe.continuous_job_name}, config=QUIET_RUN_LOGS,
          executor_def=in_process_executor)
     def continuous_job() -> None:
         continuous_loop()

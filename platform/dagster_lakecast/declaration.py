@@ -1,49 +1,31 @@
-"""A pipeline's declaration (no Dagster): its function, tables, parallelism and checkpoint
-policy, how the engine pipeline is built from it (:mod:`lakecast.build`, or the
-declaration's own ``builder``), and the optional hooks the factory calls (names, writers,
-run config, metadata, sensor events). The Dagster definitions come from
-:func:`dagster_lakecast.factory.declare_pipeline`."""
+"""A pipeline's declaration (no Dagster), split by job: what the engine builds (the
+function, tables, parallelism, checkpoint policy: this class, and :meth:`build` makes the
+engine pipeline with :mod:`lakecast.build`), how Dagster names and shows it
+(:class:`~dagster_lakecast.naming.DagsterNames`) and a project's hooks
+(:class:`~dagster_lakecast.hooks.PipelineHooks`). The Dagster definitions come from
+:func:`dagster_lakecast.factory.declare_pipeline`, which resolves the declaration once into
+a :class:`~dagster_lakecast.handle.PipelineHandle`."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagster_lakecast.hooks import PipelineHooks
+from dagster_lakecast.naming import DagsterNames
 from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.build import broadcast_pipeline, keyed_pipeline
 from lakecast.config import Settings, get_settings
 from lakecast.names import check_pipeline_name, check_table_name
-from lakecast.pipeline.batch_result import BatchResult
+from lakecast.pipeline.batch_result import MAIN_COUNT
 from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
-from lakecast.pipeline.progress import BatchCommit, BatchPlan
 
 #: the roles of a pipeline's tables
 # (:class:`~dagster_lakecast.translator.DagsterLakecastTranslator`)
 EVENTS, BROADCAST, MAIN, SIDE, REJECTED, STATE, PROGRESS, SNAPSHOTS = (
     "events", "broadcast", "main", "side", "rejected", "state", "progress", "snapshots")
-
-__all__ = [
-    "Builder", "CheckpointPolicy", "MetadataHook", "PipelineDeclaration", "RecoveredHook",
-    "RunMetadataHook", "SensorEventsHook",
-]  # fmt: skip
-
-#: ``hook(settings, result)`` -> extra metadata of one committed batch per output table
-#: (``{table: {key: value}}``), added to that table's materialization
-MetadataHook = Callable[[Settings, BatchResult], Mapping[str, Mapping[str, Any]]]
-#: ``hook(settings, plan, commit)`` -> metadata per output table of a batch committed by a
-#: run that died before recording it (recorded by the next run)
-RecoveredHook = Callable[[Settings, BatchPlan, BatchCommit], Mapping[str, Mapping[str, Any]]]
-#: ``hook(results)`` -> extra metadata of a run's last materializations (run totals)
-RunMetadataHook = Callable[[list[BatchResult]], Mapping[str, Any]]
-#: ``builder(spark, settings, parallelism=, max_versions_per_batch=, **run_options)`` ->
-#: the engine pipeline (``run_options``: the run config's fields beyond the factory's own)
-Builder = Callable[..., MicroBatchPipeline]
-#: ``hook(context, previous, versions, settings)`` -> asset events (e.g. observations) a
-#: sensor tick records, run or not (``previous``: the cursor's versions, ``None`` if unusable)
-SensorEventsHook = Callable[
-    [Any, Mapping[str, int | None] | None, Mapping[str, int | None], Settings], list[Any]
-]
+__all__ = ["CheckpointPolicy", "DagsterNames", "PipelineDeclaration", "PipelineHooks"]
 
 
 @dataclass(frozen=True)
@@ -61,37 +43,20 @@ class CheckpointPolicy:
 
 @dataclass(frozen=True)
 class PipelineDeclaration:
-    """Everything the factory needs to know about one pipeline.
+    r"""What the engine builds for one pipeline, with its Dagster names and hooks.
 
     ``function``: a zero-argument callable (usually the class) returning a
     :class:`~lakecast.api.functions.BroadcastProcessFunction` or a
     :class:`~lakecast.api.keyed.KeyedBroadcastProcessFunction`. ``side_outputs``: side
     output name -> table. ``validator`` adds ``_reason`` to invalid events (they go to
-    ``rejected_table``). ``descriptions``: table -> asset description. ``metadata``: an
-    optional :data:`MetadataHook` whose entries join each batch's materializations.
-
-    ``columns``: table -> its columns (a Dagster ``TableSchema``), shown on its asset
-    before the first batch; ``lineage``: output column -> the ``table.column`` inputs it is
-    computed from (column lineage of the main output); ``freshness_seconds``: the main
-    output's ``FreshnessPolicy`` fails when it was not updated for that long, and the
-    ``events_fresh`` check when an events version older than that is unprocessed.
-
-    Optional hooks, for pipelines with a history of their own (the example project's
-    storefront enrichment): ``sensor`` names the sensor (default ``<name>_sensor``);
-    ``maintenance_job`` and ``maintenance_schedule`` name the maintenance job and its
-    schedule (default ``<name>_maintenance_job``, ``<name>_maintenance``); ``writer_jobs``
-    are other jobs that write the tables (a run refuses to start and the sensor waits while
-    one is active); ``broadcast_only_runs=False``: a new broadcast version alone is no work
-    for the sensor (it applies with the next events); ``deps``: output table -> the assets
-    it depends on (default: events and broadcast tables); ``builder`` builds the engine
-    pipeline instead of :meth:`build`'s default; ``run_config``: a subclass of
-    :class:`~dagster_lakecast.factory.PipelineRunConfig` whose extra fields go to
-    ``builder``; ``run_metadata`` adds entries to a run's last materializations;
-    ``recovered_metadata`` adds entries to the metadata of batches committed but not
-    recorded by a killed run (the next run records them); ``state_budget``: the
-    ``state_budget`` check and per-batch budget figures (broadcast state x parallelism);
-    ``sensor_events``: asset events each sensor tick records (default: an observation of
-    each input table whose Delta version moved).
+    ``rejected_table``). ``execution="joins"``: a pure ``enrich(Lookup...)`` runs each
+    batch as Spark broadcast joins (:mod:`lakecast.runtime.joins`; large cold batches, e.g.
+    backfills) instead of on task-local state (``"tasks"``, warm micro-batches).
+    ``events_rewrites``: an events commit that deletes or updates rows ``"fail"``\s the
+    batch (a clear error naming the fix) or is skipped whole (``"skip"``, Delta's
+    ``skipChangeCommits``). ``dagster``: how Dagster names and shows it
+    (:class:`~dagster_lakecast.naming.DagsterNames`); ``hooks``: a project's own code
+    (:class:`~dagster_lakecast.hooks.PipelineHooks`).
     """
 
     name: str
@@ -108,51 +73,10 @@ class PipelineDeclaration:
     order_columns: tuple[str, ...] = ()
     key_groups: int = 128
     dedup: DedupSpec | None = None
-    description: str = ""
-    descriptions: Mapping[str, str] = field(default_factory=dict)
-    group_name: str | None = None
-    #: the ``events_fresh`` check fails when an events version older than this is
-    #: unprocessed; the main output's FreshnessPolicy when it was not updated for this long
-    freshness_seconds: float = 900.0
-    columns: Mapping[str, Any] = field(default_factory=dict)
-    lineage: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: rows of the main output the ``output_sample_recomputed`` check recomputes at most
-    recompute_sample: int = 200
-    metadata: MetadataHook | None = None
-    sensor: str | None = None
-    sensor_description: str | None = None
-    maintenance_job: str | None = None
-    maintenance_schedule: str | None = None
-    #: the asset key of each table: set one to name a table's asset otherwise (e.g. the key
-    #: of the user's asset that writes it; default: the table name); the factory fills the
-    #: rest from its translator
-    asset_keys: Mapping[str, Any] = field(default_factory=dict)
-    #: input tables written outside Dagster: observable source assets whose data version
-    #: is the Delta version (:mod:`dagster_lakecast.inputs`); ``observe_automation``: the
-    #: ``AutomationCondition`` that observes them (e.g. ``cron_tick_passed``)
-    observe: tuple[str, ...] = ()
-    observe_automation: Any = None
-    #: an ``AutomationCondition`` on the outputs (Declarative Automation, e.g. ``eager()``)
-    #: instead of the sensor: the sensor is then declared stopped (start it to use both)
-    automation_condition: Any = None
-    #: an events commit that deletes or updates rows: ``"fail"`` the batch (a clear error
-    #: naming the fix) or ``"skip"`` the commit whole (Delta's ``skipChangeCommits``)
     events_rewrites: str = "fail"
-    writer_jobs: tuple[str, ...] = ()
-    broadcast_only_runs: bool = True
-    deps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    builder: Builder | None = None
-    #: a subclass of ``dagster_lakecast.factory.PipelineRunConfig`` (a Dagster ``Config``)
-    run_config: Any = None
-    run_metadata: RunMetadataHook | None = None
-    recovered_metadata: RecoveredHook | None = None
-    state_budget: bool = False
-    sensor_events: SensorEventsHook | None = None
-    #: ``"joins"``: a pure ``enrich(Lookup...)`` runs each batch as Spark broadcast joins
-    #: (:mod:`lakecast.runtime.joins`; large cold batches, e.g. backfills) instead of on
-    #: task-local state (``"tasks"``, warm micro-batches; for a pure lookup, held in the
-    #: executor JVM and not checkpointed, :func:`lakecast.build.broadcast_pipeline`)
     execution: str = "tasks"
+    dagster: DagsterNames = field(default_factory=DagsterNames)
+    hooks: PipelineHooks = field(default_factory=PipelineHooks)
 
     def __post_init__(self) -> None:
         """Names that become paths and Dagster names are checked here, naming the field."""
@@ -167,46 +91,6 @@ class PipelineDeclaration:
     @property
     def keyed(self) -> bool:
         return isinstance(self.function(), KeyedBroadcastProcessFunction)
-
-    @property
-    def job_name(self) -> str:
-        return f"{self.name}_microbatch"
-
-    @property
-    def continuous_job_name(self) -> str:
-        return f"{self.name}_continuous"
-
-    @property
-    def maintenance_job_name(self) -> str:
-        return self.maintenance_job or f"{self.name}_maintenance_job"
-
-    @property
-    def maintenance_schedule_name(self) -> str:
-        return self.maintenance_schedule or f"{self.name}_maintenance"
-
-    def asset_key(self, table: str) -> Any:
-        """The asset key of ``table`` (the factory's translator; default: the table name)."""
-        from dagster import AssetKey
-
-        key = self.asset_keys.get(table)
-        if key is None:
-            return AssetKey(table)
-        return key if isinstance(key, AssetKey) else AssetKey.from_user_string(str(key))
-
-    @property
-    def sensor_name(self) -> str:
-        return self.sensor or f"{self.name}_sensor"
-
-    @property
-    def writers(self) -> tuple[str, ...]:
-        """Every job that writes the pipeline's tables: its own, its continuous job,
-        ``writer_jobs``, then the maintenance job."""
-        return (self.job_name, self.continuous_job_name, *self.writer_jobs,
-                self.maintenance_job_name)
-
-    @property
-    def group(self) -> str:
-        return self.group_name or self.name
 
     @property
     def state_table(self) -> str | None:
@@ -230,7 +114,7 @@ class PipelineDeclaration:
     @property
     def outputs(self) -> list[tuple[str, str]]:
         """``(table, count key)`` of every output asset, main output first."""
-        out = [(self.output_table, "enriched")]
+        out = [(self.output_table, MAIN_COUNT)]
         out += [(table, side) for side, table in self.side_outputs.items()]
         if self.rejected_table:
             out.append((self.rejected_table, "rejected"))
@@ -255,12 +139,13 @@ class PipelineDeclaration:
     ) -> MicroBatchPipeline:
         """The engine pipeline over the lake of ``settings`` (:mod:`lakecast.build`, or the
         declaration's ``builder``, which alone takes ``run_options``)."""
-        if self.builder is not None:
-            return self.builder(spark, settings, parallelism=parallelism,
-                                max_versions_per_batch=max_versions_per_batch, **run_options)
+        if self.hooks.builder is not None:
+            return self.hooks.builder(spark, settings, parallelism=parallelism,
+                                      max_versions_per_batch=max_versions_per_batch,
+                                      **run_options)
         if run_options:
             raise ValueError(f"{self.name}: run options {sorted(run_options)} need a "
-                             "builder in the pipeline's declaration (PipelineDeclaration.builder)")
+                             "builder in the pipeline's hooks (PipelineHooks.builder)")
         function = self.function()
         common: dict[str, Any] = dict(
             table_path=settings.table_path, checkpoint_root=settings.checkpoint_root,

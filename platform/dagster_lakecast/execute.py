@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 
 from dagster import (
     AssetExecutionContext,
@@ -33,6 +32,7 @@ from dagster import (
 from pydantic import Field
 
 from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.inputs import missing_inputs, missing_message
 from dagster_lakecast.metadata import (
     batch_metadata,
@@ -76,10 +76,10 @@ class PipelineRunConfig(Config):
 RUN_FIELDS = frozenset(PipelineRunConfig.model_fields)
 
 
-def refuse_second_writer(context: AssetExecutionContext, decl: PipelineDeclaration) -> None:
+def refuse_second_writer(context: AssetExecutionContext, pipe: PipelineHandle) -> None:
     """Fail (nothing written) when another run of the pipeline's writers (its job, its
     ``writer_jobs``, its maintenance job) is writing."""
-    refuse_writers(context.instance, context.run.run_id, decl.job_name, decl.writers, decl.name)
+    refuse_writers(context.instance, context.run.run_id, pipe.job_name, pipe.writers, pipe.name)
 
 
 def check_new_broadcast_versions(
@@ -99,44 +99,38 @@ def check_new_broadcast_versions(
     return [r.as_dict() for r in gate.plan(applied, bvs)[1]]
 
 
-def resolved(decl: PipelineDeclaration,
-             translator: DagsterLakecastTranslator | None = None) -> PipelineDeclaration:
-    """``decl`` with the asset key of every table it reads or writes (the translator's)."""
-    translator = translator or DagsterLakecastTranslator()
-    roles = decl.roles
-    return replace(decl, asset_keys={t: translator.get_asset_key(decl, t, r)
-                                     for t, r in roles.items()})
-
-
-def run_pipeline(context: AssetExecutionContext, decl: PipelineDeclaration,
+def run_pipeline(context: AssetExecutionContext, pipe: PipelineDeclaration | PipelineHandle,
                  pyspark: LakecastSparkResource, lake: LakeResource,
                  config: PipelineRunConfig | None = None,
                  translator: DagsterLakecastTranslator | None = None
                  ) -> Iterator[MaterializeResult]:
-    """Run ``decl``'s pending micro-batches in ``context``'s run, then end. Every committed
+    """Run the pending micro-batches of ``pipe`` (a declaration, resolved here with
+    ``translator``, or the handle the factory resolved) in ``context``'s run, then end.
+    Every committed
     batch is recorded as a materialization of the outputs as soon as the next one starts;
     the last one is yielded (one ``MaterializeResult`` per output, with the run's totals).
     ``config``: the run's bounds (default :class:`PipelineRunConfig`); ``translator``: the
     outputs' asset keys (default: the table names, or the declaration's ``asset_keys``).
     A refused second writer, or a batch that fails with a Lakecast error, is a Dagster
     ``Failure`` naming the cause."""
-    decl = resolved(decl, translator)
-    refuse_second_writer(context, decl)
+    pipe = PipelineHandle.resolve(pipe, translator)
+    refuse_second_writer(context, pipe)
     settings = lake.settings()
-    config = config if config is not None else (decl.run_config or PipelineRunConfig)()
+    if config is None:
+        config = (pipe.decl.hooks.run_config or PipelineRunConfig)()
     options = {k: v for k, v in config.model_dump().items() if k not in RUN_FIELDS}
     try:  # a malformed run tag is a clear error even before the tables exist
-        until = None if config.follow else requested_versions(decl, context.run.tags, settings)
+        until = None if config.follow else requested_versions(pipe, context.run.tags, settings)
     except LakecastError as e:
         raise Failure(description=str(e)) from e
-    missing = missing_inputs(decl, settings)
+    missing = missing_inputs(pipe, settings)
     if missing:  # nothing to read yet: said, not a failure (the next run reads them)
-        context.log.warning(missing_message(decl, settings, missing))
+        context.log.warning(missing_message(pipe, settings, missing))
         return
-    record_missed(context, decl, settings)
+    record_missed(context, pipe, settings)
     try:
-        pipeline = decl.build(
-            pyspark.session_for(decl.name),
+        pipeline = pipe.decl.build(
+            pyspark.session_for(pipe.name),
             settings,
             parallelism=config.parallelism,
             max_versions_per_batch=config.max_versions_per_batch,
@@ -146,13 +140,14 @@ def run_pipeline(context: AssetExecutionContext, decl: PipelineDeclaration,
 
         def before_batch(plan: BatchPlan) -> None:
             if held:  # the previous batch is committed: show it now
-                record_batch(context, decl, settings, held.pop())
+                record_batch(context, pipe, settings, held.pop())
 
         def on_batch(r: BatchResult) -> None:
             log_batch(context.log, r)
             held.append(r)
 
-        with (reported_by_check if decl.state_budget else contextlib.nullcontext)():
+        budget = pipe.decl.dagster.state_budget
+        with (reported_by_check if budget else contextlib.nullcontext)():
             results = pipeline.run(
                 max_batches=config.max_batches,
                 max_seconds=config.max_seconds,
@@ -167,19 +162,20 @@ def run_pipeline(context: AssetExecutionContext, decl: PipelineDeclaration,
                     f"refused {ref['table']}@v{ref['version']}: " + "; ".join(ref["reasons"])
                 )
             context.log.info(
-                f"no new events of {decl.events_table} since the last "
+                f"no new events of {pipe.decl.events_table} since the last "
                 f"committed batch (requested: {until}); new broadcast "
                 "versions apply with the next events"
             )
             return
     except LakecastError as e:  # the reason as the step's failure, not a traceback
         raise Failure(description=str(e)) from e
-    run_meta = dict(decl.run_metadata(results)) if decl.run_metadata is not None else {}
-    for asset, meta in batch_metadata(decl, settings, held.pop()).items():
+    hook = pipe.decl.hooks.run_metadata
+    run_meta = dict(hook(results)) if hook is not None else {}
+    for asset, meta in batch_metadata(pipe, settings, held.pop()).items():
         meta["run_batches"] = len(results)
         meta["run_events"] = sum(r.counts["events_in"] for r in results)
         meta.update(run_meta)
         version = meta.get("delta_version")
         yield MaterializeResult(
-            asset_key=decl.asset_key(asset), metadata=meta,
+            asset_key=pipe.asset_key(asset), metadata=meta,
             data_version=DataVersion(str(version)) if version is not None else None)

@@ -48,7 +48,8 @@ from dagster import (
 from dagster_lakecast.checks import ON_REQUEST_CHECKS, pipeline_checks
 from dagster_lakecast.continuous import declare_continuous
 from dagster_lakecast.declaration import CheckpointPolicy, PipelineDeclaration
-from dagster_lakecast.execute import PipelineRunConfig, resolved, run_pipeline
+from dagster_lakecast.execute import PipelineRunConfig, run_pipeline
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.inputs import observed_inputs
 from dagster_lakecast.maintenance import MaintenanceDefinitions, declare_maintenance
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
@@ -68,6 +69,8 @@ class PipelineDefinitions:
     :meth:`definitions`."""
 
     declaration: PipelineDeclaration
+    #: the declaration resolved (asset keys, names), as every definition got it
+    handle: PipelineHandle
     assets: AssetsDefinition
     #: the asset job (what ``define_asset_job`` returns)
     job: Any
@@ -95,33 +98,34 @@ class PipelineDefinitions:
             schedules=self.schedules, sensors=[self.sensor])
 
 
-def output_specs(decl: PipelineDeclaration,
+def output_specs(pipe: PipelineDeclaration | PipelineHandle,
                  translator: DagsterLakecastTranslator | None = None) -> list[AssetSpec]:
     """One spec per output table (main output first), from the translator."""
     translator = translator or DagsterLakecastTranslator()
-    roles = decl.roles
-    return [translator.get_asset_spec(decl, table, roles[table]) for table, _ in decl.outputs]
+    pipe = PipelineHandle.resolve(pipe, translator)
+    return [translator.get_asset_spec(pipe.decl, table, pipe.roles[table])
+            for table, _ in pipe.outputs]
 
 
 #: what runs a pipeline's batches in its multi-asset (:func:`run_pipeline`'s signature)
 Execute = Callable[..., Iterator[MaterializeResult]]
 
 
-def make_assets(decl: PipelineDeclaration,
+def make_assets(pipe: PipelineHandle,
                 translator: DagsterLakecastTranslator | None = None,
                 execute: Execute | None = None) -> AssetsDefinition:
     """The multi-asset that runs the pipeline's micro-batches (``execute``, default
     :func:`~dagster_lakecast.execute.run_pipeline`)."""
-    config_class = decl.run_config or PipelineRunConfig
+    config_class = pipe.decl.hooks.run_config or PipelineRunConfig
     if not issubclass(config_class, PipelineRunConfig):
-        raise TypeError(f"{decl.name}: run_config {config_class.__name__} must subclass "
+        raise TypeError(f"{pipe.name}: run_config {config_class.__name__} must subclass "
                         "dagster_lakecast.factory.PipelineRunConfig")
 
     @multi_asset(
-        specs=output_specs(decl, translator),
-        name=f"{decl.name}_microbatch_assets",
+        specs=output_specs(pipe, translator),
+        name=f"{pipe.name}_microbatch_assets",
         can_subset=False,
-        description=decl.description or None,
+        description=pipe.decl.dagster.description or None,
     )
     def run_microbatches(
         context: AssetExecutionContext,
@@ -131,7 +135,7 @@ def make_assets(decl: PipelineDeclaration,
     ) -> Iterator[MaterializeResult]:
         """Run the micro-batches for the versions the run was requested for, then end
         (:func:`dagster_lakecast.execute.run_pipeline`, or the ``execute`` given)."""
-        yield from (execute or run_pipeline)(context, decl, pyspark, lake, config)
+        yield from (execute or run_pipeline)(context, pipe, pyspark, lake, config)
 
     return run_microbatches
 
@@ -141,24 +145,27 @@ def declare_pipeline(decl: PipelineDeclaration,
                      execute: Execute | None = None) -> PipelineDefinitions:
     """The jobs, output assets, sensor, checks and schedule of ``decl``; asset specs from
     ``translator`` (default :class:`DagsterLakecastTranslator`); the multi-asset's batches
-    run by ``execute`` (default :func:`~dagster_lakecast.execute.run_pipeline`)."""
+    run by ``execute`` (default :func:`~dagster_lakecast.execute.run_pipeline`). The
+    declaration is resolved once (:class:`~dagster_lakecast.handle.PipelineHandle`) and
+    the handle passed to every definition."""
     translator = translator or DagsterLakecastTranslator()
-    declared, decl = decl, resolved(decl, translator)
-    assets = make_assets(decl, translator, execute)
-    checks = pipeline_checks(decl)
+    pipe = PipelineHandle.resolve(decl, translator)
+    assets = make_assets(pipe, translator, execute)
+    checks = pipeline_checks(pipe)
     # the job runs its outputs' checks after each run, except those that are run on request
     # (the recomputation's cost grows with a keyed pipeline's history)
     in_runs = [key for c in checks for key in c.check_keys if key.name not in ON_REQUEST_CHECKS]
     job = define_asset_job(
-        decl.job_name,
-        selection=AssetSelection.assets(*(s.key for s in output_specs(decl, translator)))
+        pipe.job_name,
+        selection=AssetSelection.assets(*(s.key for s in output_specs(pipe, translator)))
         .without_checks() | AssetSelection.checks(*in_runs),
-        tags={EXCLUSIVE_TAG: decl.job_name},
+        tags={EXCLUSIVE_TAG: pipe.job_name},
         config=QUIET_RUN_LOGS,
         # the steps share the run's one Spark session instead of a process (and JVM) each
         executor_def=in_process_executor,
-        description=decl.description or f"Micro-batches of the {decl.name} pipeline.",
+        description=pipe.decl.dagster.description
+        or f"Micro-batches of the {pipe.name} pipeline.",
     )
-    maintenance = declare_maintenance(decl, translator)
-    return PipelineDefinitions(declared, assets, job, pipeline_sensor(decl, job), checks,
-                               maintenance, declare_continuous(decl), observed_inputs(decl))
+    maintenance = declare_maintenance(pipe, translator)
+    return PipelineDefinitions(decl, pipe, assets, job, pipeline_sensor(pipe, job), checks,
+                               maintenance, declare_continuous(pipe), observed_inputs(pipe))

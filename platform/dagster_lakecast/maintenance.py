@@ -51,7 +51,7 @@ from dagster import (
     schedule,
 )
 
-from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.maintenance_tables import (
     OUTPUT,
     PROGRESS,
@@ -77,8 +77,7 @@ from lakecast.delta.maintenance import (
     maintain,
     table_properties,
 )
-from lakecast.pipeline.progress import ProgressLog, progress_path
-from lakecast.snapshots.checkpointer import snapshot_path
+from lakecast.pipeline.progress import ProgressLog
 from lakecast.snapshots.horizon import HOUR_MS, RewindHorizon, batch_horizon, rewind_horizon
 from lakecast.snapshots.store import SnapshotStore
 
@@ -96,25 +95,25 @@ class MaintenanceDefinitions:
     specs: list[AssetSpec]
 
 
-def factory_tables(decl: PipelineDeclaration) -> list[MaintainedTable]:
+def factory_tables(pipe: PipelineHandle) -> list[MaintainedTable]:
     """Every Delta table the pipeline writes: outputs (and the keyed state table, which
     rewinds roll back with them), then its progress log, then its snapshot table
     (broadcast functions)."""
-    tables = [MaintainedTable(decl.name, t, OUTPUT) for t, _ in decl.outputs]
-    if decl.state_table:
-        tables.append(MaintainedTable(decl.name, decl.state_table, OUTPUT))
-    tables.append(MaintainedTable(decl.name, f"{decl.name}_progress", PROGRESS))
-    if not decl.keyed:
-        tables.append(MaintainedTable(decl.name, f"{decl.name}_snapshots", SNAPSHOTS))
+    tables = [MaintainedTable(pipe.name, t, OUTPUT) for t, _ in pipe.outputs]
+    if pipe.decl.state_table:
+        tables.append(MaintainedTable(pipe.name, pipe.decl.state_table, OUTPUT))
+    tables.append(MaintainedTable(pipe.name, f"{pipe.name}_progress", PROGRESS))
+    if not pipe.keyed:
+        tables.append(MaintainedTable(pipe.name, f"{pipe.name}_snapshots", SNAPSHOTS))
     return tables
 
 
-def horizon_of(decl: PipelineDeclaration, settings: Settings, spark: Any) -> RewindHorizon:
-    """What rewinds of ``decl``'s pipeline can still restore (see the module doc)."""
-    log = ProgressLog(spark, progress_path(settings.checkpoint_root, decl.name), decl.name)
-    if decl.keyed:
-        return batch_horizon(log, settings.table_path, decl.checkpoint.keep or 0, spark)
-    store = SnapshotStore(spark, snapshot_path(settings, decl.name), decl.name)
+def horizon_of(pipe: PipelineHandle, settings: Settings, spark: Any) -> RewindHorizon:
+    """What rewinds of ``pipe``'s pipeline can still restore (see the module doc)."""
+    log = ProgressLog(spark, pipe.locate(settings).progress, pipe.name)
+    if pipe.keyed:
+        return batch_horizon(log, settings.table_path, pipe.decl.checkpoint.keep or 0, spark)
+    store = SnapshotStore(spark, pipe.locate(settings).snapshots, pipe.name)
     return rewind_horizon(store, log, settings.table_path)
 
 
@@ -158,47 +157,47 @@ def rolled_back_retention(table: MaintainedTable, path: str, config: Maintenance
     return Retention(floor, floor, math.ceil(age_h), True, enforce, reason), keep, warnings
 
 
-def refuse_beside_micro_batches(context: OpExecutionContext, decl: PipelineDeclaration
+def refuse_beside_micro_batches(context: OpExecutionContext, pipe: PipelineHandle
                                 ) -> None:
     """Fail (nothing touched) while a micro-batch run of the pipeline writes."""
-    others = active_runs(context.instance, decl.writers,
+    others = active_runs(context.instance, pipe.writers,
                          RUNNING, exclude_run_id=context.run_id)
     if others:
         raise SecondWriterError(description=(
-            f"{decl.maintenance_job_name} refused: run {others[0].run_id} of "
-            f"{others[0].job_name} is writing the {decl.name} pipeline's tables; one writer "
+            f"{pipe.maintenance_job_name} refused: run {others[0].run_id} of "
+            f"{others[0].job_name} is writing the {pipe.name} pipeline's tables; one writer "
             "at a time. The next scheduled run maintains them."))
 
 
-def internal_specs(decl: PipelineDeclaration, tables: list[MaintainedTable],
+def internal_specs(pipe: PipelineHandle, tables: list[MaintainedTable],
                    translator: DagsterLakecastTranslator) -> list[AssetSpec]:
     """Assets for the tables that are not outputs of the micro-batch asset (keyed state,
     progress log, snapshots)."""
-    outputs = {t for t, _ in decl.outputs}
-    roles = decl.roles
-    return [translator.get_asset_spec(decl, t.name, roles[t.name])
+    outputs = {t for t, _ in pipe.outputs}
+    roles = pipe.roles
+    return [translator.get_asset_spec(pipe.decl, t.name, roles[t.name])
             for t in tables if t.name not in outputs]
 
 
-def declare_maintenance(decl: PipelineDeclaration,
+def declare_maintenance(pipe: PipelineHandle,
                         translator: DagsterLakecastTranslator | None = None
                         ) -> MaintenanceDefinitions:
-    """The maintenance job, schedule and internal-table assets of ``decl``."""
+    """The maintenance job, schedule and internal-table assets of ``pipe``."""
     translator = translator or DagsterLakecastTranslator()
     settings = get_settings()
-    tables = factory_tables(decl)
-    op_name = f"maintain_{decl.name}_tables"
+    tables = factory_tables(pipe)
+    op_name = f"maintain_{pipe.name}_tables"
 
     @op(name=op_name, out={},
         description=f"OPTIMIZE, VACUUM (keeping what rewinds can restore) and checkpoint the "
-                    f"log of each Delta table the {decl.name} pipeline writes; one "
+                    f"log of each Delta table the {pipe.name} pipeline writes; one "
                     "observation per table.")
     def maintain_tables(context: OpExecutionContext, config: MaintenanceConfig,
                         pyspark: LakecastSparkResource, lake: LakeResource
                         ) -> Iterator[AssetObservation]:
-        refuse_beside_micro_batches(context, decl)
+        refuse_beside_micro_batches(context, pipe)
         settings = lake.settings()
-        horizon = horizon_of(decl, settings, SparkOnDemand(pyspark))
+        horizon = horizon_of(pipe, settings, SparkOnDemand(pyspark))
         context.log.info(f"restore points a rewind can target: {list(horizon.checkpoints)}")
         target = config.target_file_mb * 1024 * 1024 if config.target_file_mb else None
         failed = []
@@ -209,7 +208,7 @@ def declare_maintenance(decl: PipelineDeclaration,
                 continue
             try:
                 retention, keep, warnings = rolled_back_retention(
-                    table, path, config, horizon, keyed=decl.keyed)
+                    table, path, config, horizon, keyed=pipe.keyed)
                 for w in warnings:
                     context.log.warning(w)
                 result = maintain(path, retention, keep, target_size=target)
@@ -218,31 +217,31 @@ def declare_maintenance(decl: PipelineDeclaration,
                 failed.append(f"{table.name}: {e}")
                 continue
             context.log.info(describe(table, result))
-            yield AssetObservation(asset_key=decl.asset_key(table.name),
+            yield AssetObservation(asset_key=pipe.asset_key(table.name),
                                    metadata=observation_metadata(result, path))
         if failed:
             raise Failure(description="; ".join(failed))
 
-    @job(name=decl.maintenance_job_name, tags={EXCLUSIVE_TAG: decl.job_name},
+    @job(name=pipe.maintenance_job_name, tags={EXCLUSIVE_TAG: pipe.job_name},
          executor_def=in_process_executor,
-         description=f"Compact, VACUUM and checkpoint the Delta tables the {decl.name} "
+         description=f"Compact, VACUUM and checkpoint the Delta tables the {pipe.name} "
                      "pipeline writes, keeping what rewinds can restore.")
     def maintenance_job() -> None:
         maintain_tables()
 
-    @schedule(name=decl.maintenance_schedule_name, job=maintenance_job,
+    @schedule(name=pipe.maintenance_schedule_name, job=maintenance_job,
               cron_schedule=settings.maintenance_cron, execution_timezone="UTC",
               default_status=DefaultScheduleStatus.RUNNING,
-              description=f"Maintain the {decl.name} pipeline's Delta tables "
+              description=f"Maintain the {pipe.name} pipeline's Delta tables "
                           "(LAKECAST_MAINTENANCE_CRON, daily at 03:00 UTC by default); "
-                          f"skipped while {decl.continuous_job_name} writes them.")
+                          f"skipped while {pipe.continuous_job_name} writes them.")
     def maintenance_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
-        active = (active_runs(context.instance, (decl.continuous_job_name,))
+        active = (active_runs(context.instance, (pipe.continuous_job_name,))
                   if context.instance_ref is not None else [])
         if active:
-            return SkipReason(f"run {active[0].run_id} of {decl.continuous_job_name} is "
+            return SkipReason(f"run {active[0].run_id} of {pipe.continuous_job_name} is "
                               "writing the tables; maintenance waits for a later tick")
         return RunRequest(run_config=scheduled_run_config(op_name, get_settings()))
 
     return MaintenanceDefinitions(maintenance_job, maintenance_schedule,
-                                  internal_specs(decl, tables, translator))
+                                  internal_specs(pipe, tables, translator))

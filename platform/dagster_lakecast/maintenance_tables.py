@@ -23,8 +23,6 @@ from lakecast.delta.maintenance import (
     table_properties,
     vacuum_retention,
 )
-from lakecast.pipeline.progress import progress_path
-from lakecast.snapshots.checkpointer import snapshot_path
 from lakecast.snapshots.horizon import RewindHorizon
 
 __all__ = [
@@ -46,9 +44,9 @@ class MaintainedTable:
 
     def path(self, settings: Settings) -> str:
         if self.kind == PROGRESS:
-            return progress_path(settings.checkpoint_root, self.pipeline)
+            return settings.pipeline_paths(self.pipeline).progress
         if self.kind == SNAPSHOTS:
-            return snapshot_path(settings, self.pipeline)
+            return settings.pipeline_paths(self.pipeline).snapshots
         return settings.table_path(self.name)
 
 

@@ -28,14 +28,14 @@ from typing import Any
 from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
 
 from dagster_lakecast.broadcast_age import broadcast_age
-from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.state_budget import state_budget_metadata
 from dagster_lakecast.tags import VERSIONS_TAG
 from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_log
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, read_log
 
 __all__ = [
     "batch_metadata", "log_batch", "output_metadata", "record_batch", "record_missed",
@@ -47,21 +47,21 @@ __all__ = [
 EXTRA_COUNTS = ("processed", "changed_keys", "timers_fired", "too_late_to_deduplicate")
 
 
-def table_versions(decl: PipelineDeclaration, settings: Settings) -> dict[str, int | None]:
+def table_versions(pipe: PipelineHandle, settings: Settings) -> dict[str, int | None]:
     """Newest Delta version of the events table and of each broadcast table (``None``: no
     table yet), from their ``_delta_log`` listings (no Spark)."""
-    tables = (decl.events_table, *decl.broadcast_tables)
+    tables = (pipe.decl.events_table, *pipe.decl.broadcast_tables)
     return {t: delta_io.latest_version(settings.table_path(t)) for t in tables}
 
 
 def requested_versions(
-    decl: PipelineDeclaration, tags: Mapping[str, str], settings: Settings
+    pipe: PipelineHandle, tags: Mapping[str, str], settings: Settings
 ) -> dict[str, int | None]:
     """The versions in the run's ``lakecast/versions`` tag (set by the sensor), else the
     newest committed when the run starts."""
     raw = tags.get(VERSIONS_TAG)
     if not raw:
-        return table_versions(decl, settings)
+        return table_versions(pipe, settings)
     try:
         value = json.loads(raw)
     except ValueError as e:
@@ -77,11 +77,11 @@ def requested_versions(
 
 
 def lag(
-    decl: PipelineDeclaration, settings: Settings, events_end: int, now: float | None = None
+    pipe: PipelineHandle, settings: Settings, events_end: int, now: float | None = None
 ) -> tuple[int, float]:
     """Events versions committed after ``events_end`` and the age in seconds of the oldest
     of them (``(0, 0.0)``: caught up)."""
-    path = settings.table_path(decl.events_table)
+    path = settings.table_path(pipe.decl.events_table)
     newest = delta_io.latest_version(path)
     behind = max(0, (newest if newest is not None else -1) - events_end)
     if not behind:
@@ -92,17 +92,18 @@ def lag(
 
 
 def batch_metadata(
-    decl: PipelineDeclaration, settings: Settings, result: BatchResult
+    pipe: PipelineHandle, settings: Settings, result: BatchResult
 ) -> dict[str, dict[str, Any]]:
     """Metadata of one committed batch, per output asset (see the module docstring)."""
     plan, counts = result.plan, result.counts
-    events_path = settings.table_path(decl.events_table)
+    events_path = settings.table_path(pipe.decl.events_table)
     oldest = delta_io.commit_seconds(events_path, max(plan.events_start + 1, 0))
     written = delta_io.commit_seconds(
-        settings.table_path(decl.output_table), result.output_versions.get(decl.output_table, -1)
+        settings.table_path(pipe.decl.output_table),
+        result.output_versions.get(pipe.decl.output_table, -1)
     )
-    lag_versions, lag_seconds = lag(decl, settings, plan.events_end)
-    sides = {f"side_{s}": int(counts.get(s, 0)) for s in decl.side_outputs}
+    lag_versions, lag_seconds = lag(pipe, settings, plan.events_end)
+    sides = {f"side_{s}": int(counts.get(s, 0)) for s in pipe.decl.side_outputs}
     common: dict[str, Any] = {
         "batch_id": plan.batch_id,
         "events_start": plan.events_start,
@@ -130,13 +131,14 @@ def batch_metadata(
     if written is not None and oldest is not None:
         common["latency_seconds"] = round(written - oldest, 3)
     common.update(broadcast_age(settings.table_path, plan.broadcast_versions, written))
-    if decl.state_budget:
+    if pipe.decl.dagster.state_budget:
         common.update(state_budget_metadata(result))
-    extra = decl.metadata(settings, result) if decl.metadata is not None else {}
+    hook = pipe.decl.hooks.metadata
+    extra = hook(settings, result) if hook is not None else {}
     return {table: {**output_metadata(common, int(counts.get(key, 0)), settings.table_path(table),
                                       result.output_versions.get(table, -1)),
                     **extra.get(table, {})}
-            for table, key in decl.outputs}
+            for table, key in pipe.outputs}
 
 
 def output_metadata(common: Mapping[str, Any], batch_rows: int, path: str,
@@ -173,11 +175,11 @@ def log_batch(log: Any, r: BatchResult) -> None:
 
 
 def record_batch(
-    context: OpExecutionContext, decl: PipelineDeclaration, settings: Settings, result: BatchResult
+    context: OpExecutionContext, pipe: PipelineHandle, settings: Settings, result: BatchResult
 ) -> None:
     """Log one materialization per output asset for ``result`` (while the run goes on)."""
-    for asset, meta in batch_metadata(decl, settings, result).items():
-        context.log_event(AssetMaterialization(asset_key=decl.asset_key(asset), metadata=meta,
+    for asset, meta in batch_metadata(pipe, settings, result).items():
+        context.log_event(AssetMaterialization(asset_key=pipe.asset_key(asset), metadata=meta,
                                                tags=data_version_tags(meta)))
 
 
@@ -191,16 +193,16 @@ def last_recorded_batch(context: OpExecutionContext, asset: Any) -> int | None:
     return int(value.value) if value is not None else None
 
 
-def recovered_batch_metadata(decl: PipelineDeclaration, settings: Settings, plan: BatchPlan,
+def recovered_batch_metadata(pipe: PipelineHandle, settings: Settings, plan: BatchPlan,
                              commit: BatchCommit) -> dict[str, dict[str, Any]]:
     """Metadata of a batch committed by a run that did not record it, from the progress
     log, per output table (``recovered = true``; the declaration's ``recovered_metadata``
     hook adds its own entries)."""
     counts = commit.counts
-    events_path = settings.table_path(decl.events_table)
+    events_path = settings.table_path(pipe.decl.events_table)
     oldest = delta_io.commit_seconds(events_path, max(plan.events_start + 1, 0))
-    main = commit.output_versions.get(decl.output_table, -1)
-    written = (delta_io.commit_seconds(settings.table_path(decl.output_table), main)
+    main = commit.output_versions.get(pipe.decl.output_table, -1)
+    written = (delta_io.commit_seconds(settings.table_path(pipe.decl.output_table), main)
                if main >= 0 else None)
     common: dict[str, Any] = {
         "batch_id": plan.batch_id, "events_start": plan.events_start,
@@ -212,29 +214,29 @@ def recovered_batch_metadata(decl: PipelineDeclaration, settings: Settings, plan
     if written is not None and oldest is not None:
         common["latency_seconds"] = round(written - oldest, 3)
     common.update(broadcast_age(settings.table_path, plan.broadcast_versions, written))
-    extra = (decl.recovered_metadata(settings, plan, commit)
-             if decl.recovered_metadata is not None else {})
+    extra = (pipe.decl.hooks.recovered_metadata(settings, plan, commit)
+             if pipe.decl.hooks.recovered_metadata is not None else {})
     return {table: {**output_metadata(common, int(counts.get(key, 0)),
                                       settings.table_path(table),
                                       commit.output_versions.get(table, -1)),
                     **extra.get(table, {})}
-            for table, key in decl.outputs}
+            for table, key in pipe.outputs}
 
 
 def record_missed(
-    context: OpExecutionContext, decl: PipelineDeclaration, settings: Settings
+    context: OpExecutionContext, pipe: PipelineHandle, settings: Settings
 ) -> int:
     """Record, per output asset, the committed batches newer than the asset's last recorded
     one (a run killed after its commit and before its events, or between the events of two
     assets), with :func:`recovered_batch_metadata`; returns how many batches it recorded
     for at least one asset (0 before any recorded batch)."""
-    main = last_recorded_batch(context, decl.asset_key(decl.output_table))
+    main = last_recorded_batch(context, pipe.asset_key(pipe.decl.output_table))
     if main is None:
         return 0  # a fresh instance: the history before it is not this instance's
-    lasts = {t: last_recorded_batch(context, decl.asset_key(t)) for t, _ in decl.outputs}
+    lasts = {t: last_recorded_batch(context, pipe.asset_key(t)) for t, _ in pipe.outputs}
     lasts = {t: main if b is None else b for t, b in lasts.items()}
     try:
-        plans, commits = read_log(progress_path(settings.checkpoint_root, decl.name))
+        plans, commits = read_log(pipe.locate(settings).progress)
     except delta_io.DirectReadUnsupported:
         return 0
     by_id = {p.batch_id: p for p in plans if not p.is_restore}
@@ -242,9 +244,9 @@ def record_missed(
     missed: list[tuple[BatchPlan, BatchCommit]] = [
         (by_id[i], commits[i]) for i in sorted(commits) if i > oldest and i in by_id]
     for plan, commit in missed:
-        for asset, meta in recovered_batch_metadata(decl, settings, plan, commit).items():
+        for asset, meta in recovered_batch_metadata(pipe, settings, plan, commit).items():
             if plan.batch_id > lasts.get(asset, main):
-                context.log_event(AssetMaterialization(asset_key=decl.asset_key(asset),
+                context.log_event(AssetMaterialization(asset_key=pipe.asset_key(asset),
                                                        metadata=dict(meta)))
     if missed:
         context.log.info(f"recorded {len(missed)} committed batch(es) that an earlier run "

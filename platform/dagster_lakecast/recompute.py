@@ -7,10 +7,10 @@ compared column by column with the rows the batch wrote and the rows the table h
 1. **sample**: the rows the newest :data:`RECOMPUTE_BATCHES` committed batches (that wrote
    main output) appended to the output table (the files of the commit carrying the
    batch's ``txn``, read by time travel), ordered by a hash of ``seed`` and the row, the
-   first ``decl.recompute_sample``; their *row keys* are what is recomputed. A batch whose
-   files VACUUM removed (after an OPTIMIZE) is skipped for an older one. A broadcast
-   function's row key is the columns the output shares (name and type) with the events
-   (an event's own columns); a keyed function's, its key columns;
+   first ``dagster.recompute_sample`` of the declaration; their *row keys* are what is
+   recomputed. A batch whose files VACUUM removed (after an OPTIMIZE) is skipped for an
+   older one. A broadcast function's row key is the columns the output shares (name and
+   type) with the events (an event's own columns); a keyed function's, its key columns;
 2. **recompute**, broadcast functions: per sampled batch, its valid events (as the batch
    validated and de-duplicated them, :func:`lakecast.pipeline.replay.batch_input`) of the
    sampled row keys, through a harness whose broadcast state is read at the batch's
@@ -53,7 +53,7 @@ from dagster import (
     asset_check,
 )
 
-from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.recompute_rows import (
     Mismatch,
     Row,
@@ -108,16 +108,16 @@ def key_json(columns: Sequence[str]) -> Column:
     return F.to_json(F.struct(*columns))
 
 
-def row_key_columns(decl: PipelineDeclaration, function: Any, output: DataFrame,
+def row_key_columns(pipe: PipelineHandle, function: Any, output: DataFrame,
                     events: DataFrame) -> tuple[list[str], str | None]:
     """The row key columns of the output (see the module docstring), or why there are none."""
-    table = decl.output_table
+    table = pipe.decl.output_table
     if isinstance(function, KeyedBroadcastProcessFunction):
         columns = list(function.key_columns())
         missing = [c for c in columns if c not in output.columns]
         if missing:
             return [], (f"cannot recompute {table}: its rows lack the key column(s) {missing} "
-                        f"of {decl.name}'s keyed function, so a row's key is unknown; add "
+                        f"of {pipe.name}'s keyed function, so a row's key is unknown; add "
                         f"them to the function's output schema")
         return columns, None
     types = {f.name: f.dataType for f in events.schema.fields}
@@ -125,7 +125,7 @@ def row_key_columns(decl: PipelineDeclaration, function: Any, output: DataFrame,
                if f.name != VERSION_COLUMN and types.get(f.name) == f.dataType]
     if not columns:
         return [], (f"cannot recompute {table}: no column has the name and type of a column "
-                    f"of {decl.events_table}, so a row cannot be tied to its events; carry "
+                    f"of {pipe.decl.events_table}, so a row cannot be tied to its events; carry "
                     f"the event's id into the output")
     return columns, None
 
@@ -148,7 +148,7 @@ def batch_commit_files(path: str, app_id: str, batch_id: int, before: int, end: 
         f"(the batch's write); was the table rewritten? Rewind or reset the pipeline")
 
 
-def written_rows(spark: SparkSession, decl: PipelineDeclaration, settings: Settings,
+def written_rows(spark: SparkSession, pipe: PipelineHandle, settings: Settings,
                  done: Done, batches: int, key: Sequence[str]
                  ) -> tuple[DataFrame | None, Done, list[int]]:
     """The main output rows the newest ``batches`` batches that wrote main output wrote
@@ -157,14 +157,14 @@ def written_rows(spark: SparkSession, decl: PipelineDeclaration, settings: Setti
     are gone. At most ``3 * batches`` batches are looked at."""
     from pyspark.sql import functions as F
 
-    table, path = decl.output_table, settings.table_path(decl.output_table)
+    table, path = pipe.decl.output_table, settings.table_path(pipe.decl.output_table)
     before_of = {p.batch_id: done[i - 1][1].output_versions.get(table, -1) if i else -1
                  for i, (p, _) in enumerate(done)}
     wrote = [(p, c) for p, c in done if int(c.counts.get("enriched", 0)) > 0]
     frames, chosen, skipped = [], [], []
     for plan, commit in reversed(wrote[-3 * batches:]):
         version, names, there = batch_commit_files(
-            path, f"{decl.name}:main", plan.batch_id, before_of[plan.batch_id],
+            path, f"{pipe.name}:main", plan.batch_id, before_of[plan.batch_id],
             commit.output_versions.get(table, -1), spark)
         if not there:
             skipped.append(plan.batch_id)
@@ -222,14 +222,14 @@ def _by(t: pa.Table, column: str) -> dict[Any, pa.Table]:
             for v in dict.fromkeys(t.column(column).to_pylist())}
 
 
-def broadcast_expected(spark: SparkSession, decl: PipelineDeclaration,
+def broadcast_expected(spark: SparkSession, pipe: PipelineHandle,
                        pipeline: MicroBatchPipeline, done: Done, chosen: Done,
                        keys: list[str], key: Sequence[str], target: pa.Schema
                        ) -> dict[tuple[int, str], list[Row]]:
     """Recomputed rows per (batch, row key) of a broadcast function."""
     from pyspark.sql import functions as F
 
-    tables = {t: pipeline.table_path(t) for t in decl.broadcast_tables}
+    tables = {t: pipeline.table_path(t) for t in pipe.decl.broadcast_tables}
     prev = {p.batch_id: done[i - 1][1] if i else None for i, (p, _) in enumerate(done)}
     out: dict[tuple[int, str], list[Row]] = {}
     for plan, _ in chosen:
@@ -239,10 +239,10 @@ def broadcast_expected(spark: SparkSession, decl: PipelineDeclaration,
         if not arrow.num_rows:
             continue
         elements = read_broadcast_elements(spark, tables, {}, plan.broadcast_versions)
-        function = decl.function()
+        function = pipe.decl.function()
         h = BroadcastTestHarness(function, tables=sorted(tables),
                                  table_schemas=table_schemas(elements),
-                                 timestamp_column=decl.timestamp_column)
+                                 timestamp_column=pipe.decl.timestamp_column)
         h.process_broadcast_elements(elements)
         for k, rows in _by(arrow, ROW_KEY).items():
             got = h.process_batch(rows)
@@ -303,19 +303,19 @@ def keyed_inputs(pipeline: MicroBatchPipeline, batches: Done, keys: list[str],
     return rows, tops, schema
 
 
-def keyed_expected(spark: SparkSession, decl: PipelineDeclaration,
+def keyed_expected(spark: SparkSession, pipe: PipelineHandle,
                    pipeline: MicroBatchPipeline, done: Done, chosen: Done,
                    keys: list[str], key: Sequence[str], target: pa.Schema
                    ) -> tuple[dict[tuple[int, str], list[Row]], dict[str, Any]]:
     """Recomputed rows per (batch, row key) of a keyed function: every sampled key's
     events replayed from the first batch (see the module docstring); and what each
     replayed batch used (processing time, watermark, versions)."""
-    tables = {t: pipeline.table_path(t) for t in decl.broadcast_tables}
-    function = decl.function()
+    tables = {t: pipeline.table_path(t) for t in pipe.decl.broadcast_tables}
+    function = pipe.decl.function()
     h = KeyedBroadcastTestHarness(function, tables=sorted(tables),
-                                  timestamp_column=decl.timestamp_column)
+                                  timestamp_column=pipe.decl.timestamp_column)
     delay = int(getattr(pipeline.runtime, "watermark_delay_ms", 0) or 0)
-    tcol, order = decl.timestamp_column, list(decl.order_columns)
+    tcol, order = pipe.decl.timestamp_column, list(pipe.decl.order_columns)
     wanted = {p.batch_id for p, _ in chosen}
     replayed = [(p, c) for p, c in done if p.batch_id <= max(wanted)]
     inputs, tops, schema = keyed_inputs(pipeline, replayed, keys, key, tcol)
@@ -368,36 +368,37 @@ def _group(t: pa.Table, by_batch: bool) -> dict[Any, list[Row]]:
     return out
 
 
-def recompute_sample(decl: PipelineDeclaration, spark: SparkSession, settings: Settings, *,
+def recompute_sample(pipe: PipelineHandle, spark: SparkSession, settings: Settings, *,
                      sample: int | None = None, batches: int = RECOMPUTE_BATCHES,
                      seed: int = SEED) -> Recomputation:
-    """Recompute a sample of ``decl``'s main output (see the module docstring)."""
+    """Recompute a sample of ``pipe``'s main output (see the module docstring)."""
     from pyspark.sql import functions as F
 
     t0 = time.perf_counter()
-    table, bound = decl.output_table, decl.recompute_sample if sample is None else sample
+    table = pipe.decl.output_table
+    bound = pipe.decl.dagster.recompute_sample if sample is None else sample
     meta: dict[str, Any] = {"rows_sampled": 0, "rows_matched": 0, "mismatch_count": 0,
                             "batches_covered": MetadataValue.json([]), "sample_bound": bound,
                             "seed": seed}
-    pipeline = decl.build(spark, settings)
+    pipeline = pipe.decl.build(spark, settings)
     done = history(pipeline)
     if not done:
-        return Recomputation(True, f"{decl.name} has no committed batch yet: nothing to "
+        return Recomputation(True, f"{pipe.name} has no committed batch yet: nothing to "
                              f"recompute in {table}", meta)
     if not any(int(c.counts.get("enriched", 0)) for _, c in done) or bound <= 0:
-        return Recomputation(True, f"no committed batch of {decl.name} wrote rows to {table}: "
+        return Recomputation(True, f"no committed batch of {pipe.name} wrote rows to {table}: "
                              "nothing to recompute", meta)
-    function = decl.function()
+    function = pipe.decl.function()
     current = delta_io.read(spark, settings.table_path(table))
-    events = delta_io.read(spark, settings.table_path(decl.events_table))
-    key, why = row_key_columns(decl, function, current, events)
+    events = delta_io.read(spark, settings.table_path(pipe.decl.events_table))
+    key, why = row_key_columns(pipe, function, current, events)
     if why is not None:
         return Recomputation(False, why, meta, AssetCheckSeverity.WARN)
-    written, chosen, skipped = written_rows(spark, decl, settings, done, batches, key)
+    written, chosen, skipped = written_rows(spark, pipe, settings, done, batches, key)
     meta["batches_skipped"] = MetadataValue.json(skipped)
     if written is None:
         return Recomputation(False, f"cannot read the rows the newest batches {skipped} of "
-                             f"{decl.name} wrote to {table}: their files are gone (VACUUM "
+                             f"{pipe.name} wrote to {table}: their files are gone (VACUUM "
                              "after OPTIMIZE); run the check after the next batch",
                              meta, AssetCheckSeverity.WARN)
     body = [c for c in written.columns if c not in (ROW_KEY, BATCH)]
@@ -408,9 +409,9 @@ def recompute_sample(decl: PipelineDeclaration, spark: SparkSession, settings: S
     target = mine.drop_columns([ROW_KEY, BATCH]).schema
     now = current.withColumn(ROW_KEY, key_json(key)).where(F.col(ROW_KEY).isin(keys)).toArrow()
     if isinstance(function, KeyedBroadcastProcessFunction):
-        expected, used = keyed_expected(spark, decl, pipeline, done, chosen, keys, key, target)
+        expected, used = keyed_expected(spark, pipe, pipeline, done, chosen, keys, key, target)
     else:
-        expected = broadcast_expected(spark, decl, pipeline, done, chosen, keys, key, target)
+        expected = broadcast_expected(spark, pipe, pipeline, done, chosen, keys, key, target)
         used = {str(p.batch_id): {"versions": p.broadcast_versions} for p, _ in chosen}
     wrote, held = _group(mine, by_batch=True), _group(now, by_batch=False)
     columns = target.names
@@ -447,23 +448,24 @@ def recompute_sample(decl: PipelineDeclaration, spark: SparkSession, settings: S
                              f"{shown}{more}", meta, mismatches=tuple(mismatches))
     return Recomputation(True, f"{mine.num_rows} row(s) of {table} ({len(keys)} row key(s) "
                          f"sampled from batches {ids}) recompute exactly from "
-                         f"{decl.events_table} and {', '.join(decl.broadcast_tables)} at "
+                         f"{pipe.decl.events_table} and {', '.join(pipe.decl.broadcast_tables)} at "
                          "their batches' versions", meta)
 
 
-def recompute_check(decl: PipelineDeclaration) -> AssetChecksDefinition:
-    """The ``output_sample_recomputed`` check on ``decl``'s main output."""
+def recompute_check(pipe: PipelineHandle) -> AssetChecksDefinition:
+    """The ``output_sample_recomputed`` check on ``pipe``'s main output."""
 
     @asset_check(
-        asset=decl.asset_key(decl.output_table),
+        asset=pipe.asset_key(pipe.decl.output_table),
         name=CHECK_NAME,
-        description=f"Up to {decl.recompute_sample} rows of {decl.output_table} from the "
-        f"newest {RECOMPUTE_BATCHES} batches recomputed from {decl.events_table} and the "
+        description=f"Up to {pipe.decl.dagster.recompute_sample} rows of "
+        f"{pipe.decl.output_table} from the "
+        f"newest {RECOMPUTE_BATCHES} batches recomputed from {pipe.decl.events_table} and the "
         "broadcast tables at the versions their batch applied, column by column.",
     )
     def check_recomputed(pyspark: LakecastSparkResource, lake: LakeResource
                          ) -> AssetCheckResult:
-        r = recompute_sample(decl, pyspark.session_for(decl.name), lake.settings())
+        r = recompute_sample(pipe, pyspark.session_for(pipe.name), lake.settings())
         return AssetCheckResult(passed=r.passed, severity=r.severity, metadata=r.metadata,
                                 description=r.description)
 

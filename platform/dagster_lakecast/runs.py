@@ -1,5 +1,5 @@
 """One writer per pipeline: the runs of a pipeline's writer jobs
-(:attr:`~dagster_lakecast.declaration.PipelineDeclaration.writers`: its micro-batch job, its
+(:attr:`~dagster_lakecast.handle.PipelineHandle.writers`: its micro-batch job, its
 continuous job, other writers it names, its maintenance job) that are active.
 
 The sensor requests nothing while a continuous run is active, and a run that starts while

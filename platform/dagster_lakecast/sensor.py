@@ -46,14 +46,14 @@ from dagster import (
     sensor,
 )
 
-from dagster_lakecast.declaration import PipelineDeclaration
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.inputs import missing_message
 from dagster_lakecast.metadata import table_versions
 from dagster_lakecast.runs import active_runs
 from dagster_lakecast.tags import EXCLUSIVE_TAG, VERSIONS_TAG
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, progress_path, read_position
+from lakecast.pipeline.progress import BatchCommit, BatchPlan, read_position
 
 #: the tag under which Dagster records an observation's data version
 DATA_VERSION_TAG = "dagster/data_version"
@@ -93,24 +93,24 @@ def parse_cursor(cursor: str | None, tables: Iterable[str]) -> Versions | None:
 
 
 def pending_work(
-    decl: PipelineDeclaration, versions: Mapping[str, int | None], position: Position
+    pipe: PipelineHandle, versions: Mapping[str, int | None], position: Position
 ) -> str | None:
     """Why a run has work given the tables' ``versions`` and the progress log ``position``
     (pending plan, last committed plan, its commit); ``None``: none."""
     pending, last, _ = position
     if pending is not None:
         return f"batch {pending.batch_id} was planned but not committed: redo it"
-    events = versions.get(decl.events_table)
+    events = versions.get(pipe.decl.events_table)
     done = last.events_end if last is not None else -1
     if events is not None and events > done:
         since = f"batch {last.batch_id} (v{done})" if last is not None else "no batch yet"
-        return f"{decl.events_table} is at v{events}; last committed: {since}"
-    if not decl.broadcast_only_runs:  # a new broadcast version applies with the next events
+        return f"{pipe.decl.events_table} is at v{events}; last committed: {since}"
+    if not pipe.decl.dagster.broadcast_only_runs:  # a broadcast version applies with events
         return None
     applied = last.broadcast_versions if last is not None else {}
     moved = {
         t: v
-        for t in decl.broadcast_tables
+        for t in pipe.decl.broadcast_tables
         if (v := versions.get(t)) is not None and v > applied.get(t, -1)
     }
     if moved:
@@ -121,7 +121,7 @@ def pending_work(
     return None
 
 
-def input_observations(decl: PipelineDeclaration, previous: Mapping[str, int | None] | None,
+def input_observations(pipe: PipelineHandle, previous: Mapping[str, int | None] | None,
                        versions: Mapping[str, int | None]) -> list[AssetObservation]:
     """An observation of each input table (events, broadcast) whose Delta version moved
     since the cursor: its data version is that Delta version, so the UI shows which
@@ -131,7 +131,7 @@ def input_observations(decl: PipelineDeclaration, previous: Mapping[str, int | N
         if version is None or (previous is not None and previous.get(table) == version):
             continue
         out.append(AssetObservation(
-            asset_key=decl.asset_key(table), metadata={"delta_version": version},
+            asset_key=pipe.asset_key(table), metadata={"delta_version": version},
             tags={DATA_VERSION_TAG: str(version)}))
     return out
 
@@ -149,31 +149,31 @@ def _skip(reason: str, observed: list[AssetObservation], cursor: str | None = No
 
 
 def evaluate(
-    decl: PipelineDeclaration,
+    pipe: PipelineHandle,
     job_name: str,
     context: SensorEvaluationContext,
     settings: Settings | None = None,
 ) -> SensorResult | SkipReason:
     """One tick of the pipeline's sensor (see the module docstring)."""
     settings = settings or get_settings()
-    versions = table_versions(decl, settings)
+    versions = table_versions(pipe, settings)
     missing = [t for t, v in versions.items() if v is None]
     if missing:
-        return SkipReason(missing_message(decl, settings, missing))
+        return SkipReason(missing_message(pipe, settings, missing))
     previous = parse_cursor(context.cursor, versions)
     unchanged = previous == versions
-    observed = (list(decl.sensor_events(context, previous, versions, settings))
-                if decl.sensor_events is not None
-                else input_observations(decl, previous, versions))
+    observed = (list(pipe.decl.hooks.sensor_events(context, previous, versions, settings))
+                if pipe.decl.hooks.sensor_events is not None
+                else input_observations(pipe, previous, versions))
     # a micro-batch run, another writer, or a maintenance run rewriting the tables
-    active = active_runs(context.instance, (job_name, *decl.writers[1:]))
+    active = active_runs(context.instance, (job_name, *pipe.writers[1:]))
     if active:
         if unchanged:
             return SkipReason(f"no new Delta versions: {versions}")
         return _skip(
             f"run {active[0].run_id} of {active[0].job_name} is still active; new "
             "versions will be picked up by it or after it", observed)
-    log_path = progress_path(settings.checkpoint_root, decl.name)
+    log_path = pipe.locate(settings).progress
     tags = {EXCLUSIVE_TAG: job_name, VERSIONS_TAG: _cursor(versions)}
     try:
         position: Position | None = read_position(log_path)
@@ -194,7 +194,7 @@ def evaluate(
     reason = (
         f"progress log {log_path} not readable without Spark"
         if position is None
-        else pending_work(decl, versions, position)
+        else pending_work(pipe, versions, position)
     )
     if reason is None:
         return _skip(f"no work: the last committed batch covers {versions}", observed,
@@ -207,22 +207,22 @@ def evaluate(
     )
 
 
-def pipeline_sensor(decl: PipelineDeclaration, job: Any) -> SensorDefinition:
+def pipeline_sensor(pipe: PipelineHandle, job: Any) -> SensorDefinition:
     """The sensor that starts ``job`` (the pipeline's micro-batch job)."""
 
     @sensor(
-        name=decl.sensor_name,
+        name=pipe.sensor_name,
         job=job,
         minimum_interval_seconds=get_settings().sensor_interval_seconds,
         # Declarative Automation on the outputs instead: the sensor is there, stopped
-        default_status=DefaultSensorStatus.STOPPED if decl.automation_condition is not None
-        else DefaultSensorStatus.RUNNING,
-        description=decl.sensor_description
-        or f"Requests one {job.name} run when {decl.events_table} or a broadcast "
-        f"table ({', '.join(decl.broadcast_tables)}) has a new Delta version "
+        default_status=DefaultSensorStatus.STOPPED
+        if pipe.decl.dagster.automation_condition is not None else DefaultSensorStatus.RUNNING,
+        description=pipe.decl.dagster.sensor_description
+        or f"Requests one {job.name} run when {pipe.decl.events_table} or a broadcast "
+        f"table ({', '.join(pipe.decl.broadcast_tables)}) has a new Delta version "
         "(or a crashed batch must be redone).",
     )
     def pipeline_versions_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
-        return evaluate(decl, job.name, context)
+        return evaluate(pipe, job.name, context)
 
     return pipeline_versions_sensor

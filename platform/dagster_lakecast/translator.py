@@ -3,7 +3,8 @@
 
 Subclass :class:`DagsterLakecastTranslator` and override :meth:`get_asset_spec` (or
 :meth:`get_asset_key` for keys alone, e.g. a key prefix) and pass it to
-:func:`dagster_lakecast.declare_pipeline` or the component's ``translation``."""
+:func:`dagster_lakecast.declare_pipeline`; a Component's ``translation`` field sets keys,
+groups, descriptions and kinds from its ``defs.yaml`` (:mod:`dagster_lakecast.component`)."""
 
 from __future__ import annotations
 
@@ -42,32 +43,37 @@ class DagsterLakecastTranslator:
     ``side``, ``rejected``, ``state``, ``progress``, ``snapshots``) to an ``AssetSpec``."""
 
     def get_asset_key(self, decl: PipelineDeclaration, table: str, role: str) -> AssetKey:
-        """The asset key of ``table``: the declaration's ``asset_keys`` entry, else the
-        table name."""
-        return decl.asset_key(table)
+        """The asset key of ``table``: the declaration's ``dagster.asset_keys`` entry, else
+        the table name."""
+        key = decl.dagster.asset_keys.get(table)
+        if key is None:
+            return AssetKey(table)
+        return key if isinstance(key, AssetKey) else AssetKey.from_user_string(str(key))
 
     def get_description(self, decl: PipelineDeclaration, table: str, role: str) -> str:
         """The declaration's description of ``table``, else one from its role."""
-        if table in decl.descriptions:
-            return decl.descriptions[table]
+        names = decl.dagster
+        if table in names.descriptions:
+            return names.descriptions[table]
+        maintenance = names.maintenance_job_for(decl.name)
         side = next((s for s, t in decl.side_outputs.items() if t == table), table)
         return {
             MAIN: f"Main output of the {decl.name} pipeline.",
             SIDE: f"Side output {side!r} of the {decl.name} pipeline.",
             REJECTED: f"Invalid events of {decl.events_table}, with the reason.",
             STATE: f"The {decl.name} pipeline's keyed state table (written by its "
-                   f"micro-batches, maintained by {decl.maintenance_job_name}).",
+                   f"micro-batches, maintained by {maintenance}).",
             PROGRESS: f"The {decl.name} pipeline's progress table (written by its "
-                      f"micro-batches, maintained by {decl.maintenance_job_name}).",
+                      f"micro-batches, maintained by {maintenance}).",
             SNAPSHOTS: f"The {decl.name} pipeline's snapshots table (written by its "
-                       f"micro-batches, maintained by {decl.maintenance_job_name}).",
+                       f"micro-batches, maintained by {maintenance}).",
         }.get(role, table)
 
     def get_deps(self, decl: PipelineDeclaration, table: str, role: str) -> list[AssetDep]:
         """What an output is computed from: the declaration's ``deps`` for it, else the
         events table (and, except for rejected events, every broadcast table), with column
         lineage on the main output when the declaration has ``lineage``."""
-        inputs = decl.deps.get(table) or (
+        inputs = decl.dagster.deps.get(table) or (
             (decl.events_table,) if role == REJECTED
             else (decl.events_table, *decl.broadcast_tables))
         return [AssetDep(self.get_asset_key(decl, t, decl.roles.get(t, BROADCAST)))
@@ -78,15 +84,16 @@ class DagsterLakecastTranslator:
         """The declared columns (``dagster/column_schema``) and, on the main output, the
         declared column lineage (``dagster/column_lineage``)."""
         meta: dict[str, Any] = {}
-        if table in decl.columns:
-            meta[COLUMN_SCHEMA] = decl.columns[table]
-        if role == MAIN and decl.lineage:
+        names = decl.dagster
+        if table in names.columns:
+            meta[COLUMN_SCHEMA] = names.columns[table]
+        if role == MAIN and names.lineage:
             meta[COLUMN_LINEAGE] = TableColumnLineage(deps_by_column={
                 column: [TableColumnDep(asset_key=self.get_asset_key(
                     decl, src.rsplit(".", 1)[0], decl.roles.get(src.rsplit(".", 1)[0],
                                                                 BROADCAST)),
                     column_name=src.rsplit(".", 1)[1]) for src in sources]
-                for column, sources in decl.lineage.items()})
+                for column, sources in names.lineage.items()})
         return meta
 
     def get_asset_spec(self, decl: PipelineDeclaration, table: str, role: str) -> AssetSpec:
@@ -97,14 +104,14 @@ class DagsterLakecastTranslator:
             self.get_asset_key(decl, table, role),
             deps=self.get_deps(decl, table, role) if output else [],
             skippable=output,
-            group_name=decl.group,
+            group_name=decl.dagster.group_for(decl.name),
             kinds={"spark", "delta"} if output else {"delta"},
             description=self.get_description(decl, table, role),
             metadata=self.get_metadata(decl, table, role) or None,
             freshness_policy=FreshnessPolicy.time_window(
-                fail_window=timedelta(seconds=decl.freshness_seconds))
+                fail_window=timedelta(seconds=decl.dagster.freshness_seconds))
             if role == MAIN else None,
-            automation_condition=decl.automation_condition if role == MAIN else None,
+            automation_condition=decl.dagster.automation_condition if role == MAIN else None,
         )
 
     def input_key(self, decl: PipelineDeclaration, table: str) -> AssetKey:

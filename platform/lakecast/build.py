@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
+from lakecast.config import PipelinePaths
 from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
-from lakecast.pipeline.progress import ProgressLog, progress_path
+from lakecast.pipeline.progress import ProgressLog
 from lakecast.runtime.broadcast import BroadcastRuntime
 from lakecast.runtime.joins import not_joinable
 from lakecast.runtime.jvm_state import say_once, unavailable
@@ -62,8 +63,9 @@ def broadcast_pipeline(
     planned), and ``execution="joins"`` (:mod:`lakecast.runtime.joins`) runs each batch as
     Spark broadcast joins at those versions. ``jvm_lookups=False`` keeps a pure lookup's
     state in the Python workers, checkpointed like any other function's."""
-    log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
-    store = SnapshotStore(spark, f"{checkpoint_root}/{spec.name}/snapshots", spec.name)
+    paths = PipelinePaths.under(checkpoint_root, spec.name)
+    log = ProgressLog(spark, paths.progress, spec.name)
+    store = SnapshotStore(spark, paths.snapshots, spec.name)
     checkpointer = (Checkpointer(store, log, every=checkpoint_every, keep=keep_checkpoints)
                     if checkpoint_every else None)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
@@ -117,7 +119,8 @@ def keyed_pipeline(
             f"{spec.name}: the table contracts of {lenient} have on_invalid="
             "'refuse_and_continue'; a keyed pipeline applies every broadcast version's "
             "changes to keyed state, so its contracts must declare on_invalid='fail'")
-    log = ProgressLog(spark, progress_path(checkpoint_root, spec.name), spec.name)
+    log = ProgressLog(spark, PipelinePaths.under(checkpoint_root, spec.name).progress,
+                      spec.name)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
     gate = VersionGate(spark, tables, contracts) if contracts else None
     runtime = KeyedBroadcastRuntime(spark, function, tables, table_path(spec.state_table),

@@ -207,6 +207,30 @@ def parse_duration(text: str, name: str = "LAKECAST_DEDUP_RETENTION") -> timedel
 
 
 @dataclass(frozen=True)
+class PipelinePaths:
+    """Where one pipeline keeps its own tables: ``<checkpoint root>/<pipeline>/progress``
+    (the progress log) and ``.../snapshots`` (broadcast-state checkpoints). The one
+    spelling of both: everything else asks this object."""
+
+    #: ``<checkpoint root>/<pipeline>``
+    root: str
+
+    @classmethod
+    def under(cls, checkpoint_root: str, pipeline: str) -> PipelinePaths:
+        from lakecast.names import check_pipeline_folder
+
+        return cls(f"{checkpoint_root}/{check_pipeline_folder(pipeline)}")
+
+    @property
+    def progress(self) -> str:
+        return f"{self.root}/progress"
+
+    @property
+    def snapshots(self) -> str:
+        return f"{self.root}/snapshots"
+
+
+@dataclass(frozen=True)
 class Settings:
     """Resolved Lakecast settings. Build with :func:`get_settings`."""
 
@@ -263,6 +287,10 @@ class Settings:
         from lakecast.names import check_table_name
 
         return f"{self.lake_root}/{check_table_name(name)}"
+
+    def pipeline_paths(self, pipeline: str) -> PipelinePaths:
+        """The folders of pipeline ``pipeline`` under the checkpoint root."""
+        return PipelinePaths.under(self.checkpoint_root, pipeline)
 
     def checkpoint_path(self, name: str) -> str:
         """Path of the checkpoint folder ``name`` (streaming offsets, snapshots); no part

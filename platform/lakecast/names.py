@@ -9,7 +9,7 @@ import re
 
 from lakecast.errors import ConfigError
 
-__all__ = ["check_pipeline_name", "check_table_name"]
+__all__ = ["check_pipeline_folder", "check_pipeline_name", "check_table_name"]
 
 #: a pipeline's name: what Dagster allows in a job name (letters, digits, _)
 PIPELINE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -34,4 +34,13 @@ def check_table_name(value: object, field: str = "table") -> str:
         raise ConfigError(f"field {field!r} = {value!r} is not a valid table name: use "
                           "letters, digits, _, - and . (no '..', no '/'): it names one "
                           "folder under the lake root")
+    return value
+
+
+def check_pipeline_folder(value: object, field: str = "pipeline") -> str:
+    """``value`` if it can name a pipeline's folder under the checkpoint root (the engine's
+    pipeline names may also hold ``-`` and ``.``), else a :class:`ConfigError`."""
+    if not isinstance(value, str) or not TABLE_NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(f"field {field!r} = {value!r} cannot name a pipeline's folder: "
+                          "use letters, digits, _, - and . (no '..', no '/')")
     return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dagster import AssetKey
 
 from assets.columns import COLUMN_SCHEMA, COLUMNS
+from dagster_lakecast.handle import PipelineHandle
 from jobs.definitions import defs
 from lakecast.delta import io as delta_io
 from tests.assets.conftest import DIMS, SEGMENTS, SMALL, run_assets
@@ -36,7 +37,7 @@ def _spark_columns(spark, lake, table) -> list[tuple[str, str]]:
     from dagster_lakecast.maintenance import factory_tables
     from jobs.definitions import PIPELINES
 
-    factory = [t for p in PIPELINES for t in factory_tables(p.declaration)]
+    factory = [t for p in PIPELINES for t in factory_tables(PipelineHandle.resolve(p.declaration))]
     paths = {t.name: t.path(lake) for t in factory}
     df = delta_io.read(spark, paths.get(table, lake.table_path(table)))
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]

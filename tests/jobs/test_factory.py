@@ -9,6 +9,7 @@ from dagster import AssetKey
 
 from dagster_lakecast.declaration import PipelineDeclaration
 from dagster_lakecast.factory import declare_pipeline, output_specs
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.sensor import pending_work
 from jobs.fraud.defs import FRAUD, RULES_CONTRACT, FraudRules
 from lakecast.api.contracts import TableContract, check_version
@@ -29,6 +30,8 @@ BROADCAST = PipelineDeclaration(
     output_table="shop_enriched",
     side_outputs={"unmatched": "shop_unmatched"},
 )
+
+FRAUD_H = PipelineHandle.resolve(FRAUD)
 
 
 def test_a_broadcast_declaration_gives_job_assets_sensor_and_checks():
@@ -92,14 +95,14 @@ def plan(batch_id: int, end: int, rules: int) -> BatchPlan:
 def test_sensor_work_new_events_new_rules_version_redo_or_nothing():
     last = plan(0, 3, 1)
     versions = {"transactions": 3, "fraud_rules": 1}
-    assert pending_work(FRAUD, versions, (None, last, None)) is None
-    moved = pending_work(FRAUD, {**versions, "fraud_rules": 2}, (None, last, None))
+    assert pending_work(FRAUD_H, versions, (None, last, None)) is None
+    moved = pending_work(FRAUD_H, {**versions, "fraud_rules": 2}, (None, last, None))
     assert moved is not None and "fraud_rules" in moved
-    events = pending_work(FRAUD, {**versions, "transactions": 4}, (None, last, None))
+    events = pending_work(FRAUD_H, {**versions, "transactions": 4}, (None, last, None))
     assert events is not None and "transactions is at v4" in events
-    redo = pending_work(FRAUD, versions, (plan(1, 4, 1), last, None))
+    redo = pending_work(FRAUD_H, versions, (plan(1, 4, 1), last, None))
     assert redo is not None and "batch 1" in redo
-    assert pending_work(FRAUD, versions, (None, None, None)) is not None  # nothing run yet
+    assert pending_work(FRAUD_H, versions, (None, None, None)) is not None  # nothing run yet
 
 
 def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
@@ -156,10 +159,10 @@ def test_the_enrichment_job_sensor_and_checks_come_from_the_factory():
     assert made.maintenance.job.name == "lake_maintenance_job"
     assert made.maintenance.schedule.name == "lake_maintenance"
     assert made.continuous.name == "enrichment_continuous"
-    assert made.declaration.maintenance_job_name == "lake_maintenance_job"
+    assert made.handle.maintenance_job_name == "lake_maintenance_job"
     job_names = {j.name for j in defs.resolve_all_job_defs()}
     assert "lake_maintenance_job" in job_names and "enrichment_maintenance_job" not in job_names
-    assert made.declaration.writers == WRITER_JOBS
+    assert made.handle.writers == WRITER_JOBS
 
 
 def test_a_declaration_can_leave_broadcast_only_changes_to_the_next_events():
@@ -167,11 +170,12 @@ def test_a_declaration_can_leave_broadcast_only_changes_to_the_next_events():
     work; new events, a redo and a first batch still are."""
     from dataclasses import replace
 
-    lazy = replace(FRAUD, broadcast_only_runs=False)
+    lazy = PipelineHandle.resolve(
+        replace(FRAUD, dagster=replace(FRAUD.dagster, broadcast_only_runs=False)))
     last = plan(0, 3, 1)
     versions = {"transactions": 3, "fraud_rules": 1}
     assert pending_work(lazy, {**versions, "fraud_rules": 2}, (None, last, None)) is None
-    assert pending_work(FRAUD, {**versions, "fraud_rules": 2}, (None, last, None)) is not None
+    assert pending_work(FRAUD_H, {**versions, "fraud_rules": 2}, (None, last, None)) is not None
     events = pending_work(lazy, {**versions, "transactions": 4}, (None, last, None))
     assert events is not None and "transactions is at v4" in events
     assert pending_work(lazy, versions, (plan(1, 4, 1), last, None)) is not None

@@ -22,6 +22,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from dagster_lakecast import EXCLUSIVE_TAG
 from dagster_lakecast.declaration import CheckpointPolicy
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.maintenance import declare_maintenance, factory_tables
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from examples.common import sorted_rows
@@ -40,7 +41,10 @@ from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.runtime.executor import VERSION_COLUMN
 from tests.jobs.test_fraud_pipeline import CARD_TEST, PROBE, batch_events, expected
 
+FRAUD_H = PipelineHandle.resolve(FRAUD)
+
 DECL = replace(FRAUD, name="fraudm", checkpoint=CheckpointPolicy(every=2, keep=2))
+DECL_H = PipelineHandle.resolve(DECL)
 OUTPUTS = (FRAUD_ALERTS, FRAUD_REVIEW, FRAUD_REJECTED)
 OP = "maintain_fraudm_tables"
 RULES = [CARD_TEST, PROBE]
@@ -100,13 +104,13 @@ def test_fraud_maintenance_compacts_vacuums_and_keeps_rewinds(spark, lake):
     assert len(ops) == 4, ops  # 3 appends, a compaction after the second
     want = _outputs(spark, lake)
     state_at = {b: _state_rows(spark, state, v[STATE]) for b, v in kept.items()}
-    tables = factory_tables(DECL)
+    tables = factory_tables(DECL_H)
     files_before = {t.name: len(_data_files(t.path(lake))) for t in tables}
     state_bytes = sum(f.stat().st_size for f in _data_files(state))
     assert all(files_before[t] >= 3 for t in OUTPUTS), files_before  # a file per batch
 
-    maintenance = declare_maintenance(DECL)
-    assert maintenance.job.tags[EXCLUSIVE_TAG] == DECL.job_name
+    maintenance = declare_maintenance(DECL_H)
+    assert maintenance.job.tags[EXCLUSIVE_TAG] == DECL_H.job_name
     with DagsterInstance.ephemeral() as instance:
         res = maintenance.job.execute_in_process(
             instance=instance, run_config={"ops": {OP: {"config": {"retention_hours": 0}}}},
@@ -169,16 +173,16 @@ def test_factory_maintenance_is_defined_and_takes_turns(lake, monkeypatch):
     from dagster import build_schedule_context
     from dagster._core.storage.dagster_run import DagsterRun
 
-    job = defs.resolve_job_def(FRAUD.maintenance_job_name)
-    assert job.tags[EXCLUSIVE_TAG] == FRAUD.job_name
+    job = defs.resolve_job_def(FRAUD_H.maintenance_job_name)
+    assert job.tags[EXCLUSIVE_TAG] == FRAUD_H.job_name
     schedule = defs.resolve_schedule_def("fraud_maintenance")
-    assert schedule.job_name == FRAUD.maintenance_job_name
+    assert schedule.job_name == FRAUD_H.maintenance_job_name
     monkeypatch.setenv("LAKECAST_MAINTENANCE_RETENTION_HOURS", "5")
     (request,) = schedule.evaluate_tick(build_schedule_context()).run_requests
     assert request.run_config == {
         "ops": {"maintain_fraud_tables": {"config": {"retention_hours": 5}}}}
     with DagsterInstance.ephemeral() as instance:
-        other = instance.add_run(DagsterRun(job_name=FRAUD.job_name,
+        other = instance.add_run(DagsterRun(job_name=FRAUD_H.job_name,
                                             status=DagsterRunStatus.STARTED))
         res = job.execute_in_process(instance=instance, raise_on_error=False)
         assert not res.success

@@ -20,6 +20,7 @@ from typing import Any
 
 from dagster import AssetCheckSeverity
 
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.recompute import recompute_sample
 from dagster_lakecast.recompute_rows import compare_current, compare_group
 from jobs.fraud.defs import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
@@ -30,6 +31,9 @@ from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from tests.jobs.test_fraud_pipeline import BAD, RULE_VERSIONS
 from tests.jobs.test_fraud_pipeline import batch_events as fraud_events
+
+FRAUD_H = PipelineHandle.resolve(FRAUD)
+SCORING_H = PipelineHandle.resolve(SCORING)
 
 Row = dict[str, Any]
 SEGMENTS = ("VIP", "REGULAR", "CHURNING")  # CHURNING has no model: unmatched
@@ -80,7 +84,7 @@ def value_of(spark, lake, table: str, where: str, column: str) -> Any:
 
 def test_scoring_sample_recomputes_then_a_changed_prediction_fails(spark, lake):
     # before any batch: nothing to recompute
-    empty = recompute_sample(SCORING, spark, lake)
+    empty = recompute_sample(SCORING_H, spark, lake)
     assert empty.passed and "no committed batch yet: nothing to recompute" in empty.description
     assert empty.metadata["rows_sampled"] == 0
 
@@ -94,7 +98,7 @@ def test_scoring_sample_recomputes_then_a_changed_prediction_fails(spark, lake):
     predictions = delta_io.read(spark, lake.table_path(PREDICTIONS)).count()
     assert predictions == sum(n for *_, n in batches) and predictions > 20
 
-    r = recompute_sample(SCORING, spark, lake)
+    r = recompute_sample(SCORING_H, spark, lake)
     assert r.passed, r.description
     m = r.metadata
     # every row is sampled (fewer than the bound); each recomputes and is found as written
@@ -106,8 +110,8 @@ def test_scoring_sample_recomputes_then_a_changed_prediction_fails(spark, lake):
     assert m["row_key"].value[0] == "event_id"
 
     # a smaller sample: bounded and the same for the same seed
-    small = recompute_sample(SCORING, spark, lake, sample=7)
-    again = recompute_sample(SCORING, spark, lake, sample=7)
+    small = recompute_sample(SCORING_H, spark, lake, sample=7)
+    again = recompute_sample(SCORING_H, spark, lake, sample=7)
     assert small.passed and small.metadata["rows_sampled"] == 7
     assert small.metadata["keys_sampled"] == again.metadata["keys_sampled"] == 7
 
@@ -117,7 +121,7 @@ def test_scoring_sample_recomputes_then_a_changed_prediction_fails(spark, lake):
     before = value_of(spark, lake, PREDICTIONS, f"event_id = {event_id}", "prediction")
     spark.sql(f"UPDATE delta.`{path}` SET prediction = NOT prediction "
               f"WHERE event_id = {event_id}")
-    bad = recompute_sample(SCORING, spark, lake)
+    bad = recompute_sample(SCORING_H, spark, lake)
     assert not bad.passed and bad.severity == AssetCheckSeverity.ERROR
     (mismatch,) = bad.mismatches
     assert (mismatch.table, mismatch.batch_id, mismatch.column, mismatch.actual_of) == (
@@ -132,7 +136,7 @@ def test_scoring_sample_recomputes_then_a_changed_prediction_fails(spark, lake):
 
 def test_fraud_keys_replayed_from_the_first_batch_then_a_changed_alert_fails(spark, lake):
     rules_path, tx_path = lake.table_path(FRAUD_RULES), lake.table_path(TRANSACTIONS)
-    assert recompute_sample(FRAUD, spark, lake).passed  # no batch yet
+    assert recompute_sample(FRAUD_H, spark, lake).passed  # no batch yet
     for i, rules in enumerate(RULE_VERSIONS):  # both rules; card_test disabled; re-enabled
         write_rules(spark, rules_path, rules)
         txs = fraud_events(i) + ([tx for tx, _ in BAD] if i == 0 else [])
@@ -143,7 +147,7 @@ def test_fraud_keys_replayed_from_the_first_batch_then_a_changed_alert_fails(spa
     with_alerts = [b for b, _, n in batches if n]
     assert len(with_alerts) >= 2  # two rules versions at least
 
-    r = recompute_sample(FRAUD, spark, lake)
+    r = recompute_sample(FRAUD_H, spark, lake)
     assert r.passed, r.description
     m = r.metadata
     alerts = [row.asDict() for row in delta_io.read(spark, lake.table_path(FRAUD_ALERTS))
@@ -169,7 +173,7 @@ def test_fraud_keys_replayed_from_the_first_batch_then_a_changed_alert_fails(spa
     where = f"large_tx_id = {target['large_tx_id']} AND rule_id = '{target['rule_id']}'"
     spark.sql(f"UPDATE delta.`{lake.table_path(FRAUD_ALERTS)}` SET amount = amount + 1 "
               f"WHERE {where}")
-    bad = recompute_sample(FRAUD, spark, lake)
+    bad = recompute_sample(FRAUD_H, spark, lake)
     assert not bad.passed and bad.severity == AssetCheckSeverity.ERROR
     (mismatch,) = bad.mismatches
     batch = json.loads(target["_state_version"])[FRAUD_RULES]  # one rules version a batch

@@ -19,6 +19,7 @@ from dagster import AssetKey, DagsterInstance, SensorResult, SkipReason, build_s
 
 from dagster_lakecast import VERSIONS_TAG
 from dagster_lakecast.checks import counts_reconcile, events_freshness, newest_versions_refused
+from dagster_lakecast.handle import PipelineHandle
 from examples.common import Step, sorted_rows
 from examples.fraud_detection import MINUTE, reference
 from jobs.fraud.defs import (
@@ -46,6 +47,8 @@ from tests.assets.test_columns import (
     assert_materializations_report_declared_columns,
     column_mismatches,
 )
+
+FRAUD_H = PipelineHandle.resolve(FRAUD)
 
 Row = dict[str, Any]
 CARD_TEST = rule("card_test", 1.0, 500.0, MINUTE, "BLOCK")
@@ -88,6 +91,7 @@ def enabled_rules(rules: list[Row]) -> list[Row]:
 def expected(
     batches: list[tuple[list[Row], list[Row]]], planned_at: list[int]
 ) -> dict[str, list[Row]]:
+
     """Reference alerts of ``(rules, transactions)`` per batch; a transaction sent twice in
     a batch counts once, invalid ones not at all."""
     steps = []
@@ -114,7 +118,7 @@ def tick(instance: DagsterInstance, cursor: str | None) -> SensorResult | SkipRe
 def run_job(instance: DagsterInstance, tags: dict[str, str] | None = None):
     from jobs.definitions import defs
 
-    job = defs.resolve_job_def(FRAUD.job_name)
+    job = defs.resolve_job_def(FRAUD_H.job_name)
     return job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)
 
 
@@ -237,23 +241,24 @@ def test_fraud_job_over_three_rules_versions_matches_the_reference(spark, lake):
         failure = str(res.get_step_failure_events()[0].event_specific_data)
         assert f"{FRAUD_RULES}@v3" in failure and "rule_id='probe'" in failure, failure
         assert {t: delta_io.latest_version(lake.table_path(t)) for t in before} == before
-        newest, refused = newest_versions_refused(FRAUD, lake)
+        newest, refused = newest_versions_refused(FRAUD_H, lake)
         assert newest == {FRAUD_RULES: 3} and [r["version"] for r in refused] == [3]
-        assert counts_reconcile(FRAUD, lake)[0]
+        assert counts_reconcile(FRAUD_H, lake)[0]
 
         # freshness: caught up, then a transactions commit left unprocessed past the bound
-        passed, problem, meta = events_freshness(FRAUD, lake)
+        passed, problem, meta = events_freshness(FRAUD_H, lake)
         assert passed and problem is None and meta["unprocessed_versions"] == 0
         assert meta["processed_through_version"] == len(RULE_VERSIONS) - 1
         append_transactions(spark, tx_path, batch_events(len(RULE_VERSIONS)))
         committed = delta_io.commit_info(tx_path, len(RULE_VERSIONS)).timestamp_ms / 1000
-        assert events_freshness(FRAUD, lake, now=committed + FRAUD.freshness_seconds)[0]
+        assert events_freshness(FRAUD_H, lake, now=committed + FRAUD.dagster.freshness_seconds)[0]
         passed, problem, meta = events_freshness(
-            FRAUD, lake, now=committed + FRAUD.freshness_seconds + 60)
+            FRAUD_H, lake, now=committed + FRAUD.dagster.freshness_seconds + 60)
         assert not passed and meta["unprocessed_versions"] == 1
-        assert meta["oldest_unprocessed_seconds"] == FRAUD.freshness_seconds + 60
+        assert meta["oldest_unprocessed_seconds"] == FRAUD.dagster.freshness_seconds + 60
         assert f"{TRANSACTIONS}: 1 version(s) after v2 unprocessed" in problem, problem
-        assert FRAUD.sensor_name in problem and FRAUD.job_name in problem
+        assert FRAUD_H.sensor_name in problem
+        assert FRAUD_H.job_name in problem
 
     # every table of the pipeline has the columns assets/columns.py declares for it
     assert not column_mismatches(spark, lake, FRAUD_TABLES)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from assets.tables import DIM_PRODUCTS
 from dagster_lakecast.checks import counts_reconcile, events_freshness
+from dagster_lakecast.handle import PipelineHandle
 from jobs.storefront.batch_metadata import result_metadata
 from jobs.storefront.microbatch import ENRICHMENT_DECLARATION
 from jobs.storefront.pipeline import (
@@ -31,6 +32,8 @@ from jobs.storefront.pipeline import (
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
 from tests.jobs import microbatch_lake as ml
+
+ENRICHMENT_DECLARATION_H = PipelineHandle.resolve(ENRICHMENT_DECLARATION)
 
 ENRICH = ["event_id", "user_id", "product_category", "product_price", "segment",
           "vip_discount_pct"]
@@ -178,7 +181,7 @@ def test_held_event_is_enriched_when_its_product_arrives_or_expires(spark, lake)
 
     # the factory's checks of the enrichment hold with held events re-offered (events in +
     # held retried = processed + rejected), against the model's counts and rows
-    passed, problems, check = counts_reconcile(ENRICHMENT_DECLARATION, lake)
+    passed, problems, check = counts_reconcile(ENRICHMENT_DECLARATION_H, lake)
     assert passed, problems
     assert check["events_in"] == sum(c["events_in"] for c in want["counts"])
     assert check["rejected"] == sum(c["rejected"] for c in want["counts"])
@@ -186,7 +189,7 @@ def test_held_event_is_enriched_when_its_product_arrives_or_expires(spark, lake)
     assert rows == {ENRICHED_EVENTS: len(want["enriched"]),
                     ENRICHMENT_UNMATCHED: len(want["unmatched"]),
                     ENRICHMENT_REJECTED: sum(c["rejected"] for c in want["counts"])}
-    fresh, problem, _ = events_freshness(ENRICHMENT_DECLARATION, lake)
+    fresh, problem, _ = events_freshness(ENRICHMENT_DECLARATION_H, lake)
     assert fresh, problem
 
 

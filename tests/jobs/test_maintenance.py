@@ -19,6 +19,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from assets.tables import USER_SEGMENTS
 from dagster_lakecast import EXCLUSIVE_TAG
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.maintenance import factory_tables
 from dagster_lakecast.maintenance_tables import MaintainedTable
 from jobs.definitions import defs
@@ -43,8 +44,10 @@ from lakecast.snapshots.store import SnapshotStore
 from lakecast.tools import cli
 from tests.jobs import microbatch_lake as ml
 
+ENRICHMENT_DECLARATION_H = PipelineHandle.resolve(ENRICHMENT_DECLARATION)
+
 OUTPUTS = (ENRICHED_EVENTS, ENRICHMENT_UNMATCHED, ENRICHMENT_REJECTED)
-TABLES = factory_tables(ENRICHMENT_DECLARATION)
+TABLES = factory_tables(ENRICHMENT_DECLARATION_H)
 OP = "maintain_enrichment_tables"
 
 

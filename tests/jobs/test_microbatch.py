@@ -10,6 +10,7 @@ from dagster import materialize
 
 from assets import flags
 from assets.tables import USER_SEGMENTS
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.recompute import recompute_sample
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs.storefront.enrichment import StorefrontEnrichment
@@ -27,6 +28,8 @@ from lakecast.delta import io as delta_io
 from lakecast.pipeline.micro_batch import ReconciliationError
 from lakecast.snapshots.checkpointer import snapshot_path
 from tests.jobs import microbatch_lake as ml
+
+ENRICHMENT_DECLARATION_H = PipelineHandle.resolve(ENRICHMENT_DECLARATION)
 
 
 def _read(spark, lake, table: str) -> pd.DataFrame:
@@ -142,14 +145,14 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
 
     # output_sample_recomputed on the enrichment: every row (fewer than the bound) of both
     # batches recomputes in the harness at its batch's versions; one row changed on disk fails
-    sample = recompute_sample(ENRICHMENT_DECLARATION, spark, lake)
+    sample = recompute_sample(ENRICHMENT_DECLARATION_H, spark, lake)
     assert sample.passed, sample.description
     assert sample.metadata["rows_matched"] == sample.metadata["rows_sampled"] == len(enriched)
     assert sample.metadata["batches_covered"].value == [0, 1]
     changed = int(second.event_id.iloc[0])
     spark.sql(f"UPDATE delta.`{lake.table_path(ENRICHED_EVENTS)}` SET segment = 'X' "
               f"WHERE event_id = {changed}")
-    bad = recompute_sample(ENRICHMENT_DECLARATION, spark, lake)
+    bad = recompute_sample(ENRICHMENT_DECLARATION_H, spark, lake)
     assert not bad.passed and [(m.batch_id, m.column, m.actual) for m in bad.mismatches] == [
         (1, "segment", "X")]
     assert f"event_id={changed}" in bad.description, bad.description

@@ -31,6 +31,7 @@ from assets.columns import COLUMNS
 from assets.tables import USER_FEATURES, USER_SEGMENTS
 from dagster_lakecast import VERSIONS_TAG
 from dagster_lakecast.checks import counts_reconcile, newest_versions_refused
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs.scoring.pipeline import (
     MODELS,
@@ -53,6 +54,8 @@ from lakecast.runtime.executor import VERSION_COLUMN
 from lakecast.tools import cli
 from tests.assets.conftest import QUIET
 from tests.assets.test_columns import MODEL_TABLES, column_mismatches
+
+SCORING_H = PipelineHandle.resolve(SCORING)
 
 Row = dict[str, Any]
 USERS = 36
@@ -219,7 +222,7 @@ def run_scoring(instance: DagsterInstance, cursor: str | None,
     assert isinstance(tick, SensorResult), tick
     (request,) = tick.run_requests
     assert json.loads(request.tags[VERSIONS_TAG]) == versions
-    job = defs.resolve_job_def(SCORING.job_name)
+    job = defs.resolve_job_def(SCORING_H.job_name)
     res = job.execute_in_process(instance=instance, tags=dict(request.tags))
     assert res.success
     meta = {m.asset_key.to_user_string(): {k: v.value for k, v in
@@ -263,10 +266,10 @@ def test_models_trained_twice_and_every_prediction_matches_its_model_version(spa
         bad = [{**m, "traffic_share": 1.5 if m["role"] == "challenger" else m["traffic_share"]}
                for m in trained[1]]
         write_rows(spark, lake.table_path(MODELS), bad, MODELS_SCHEMA, "overwrite")
-        newest, refused = newest_versions_refused(SCORING, lake)
+        newest, refused = newest_versions_refused(SCORING_H, lake)
         assert newest == {MODELS: 2} and [r["version"] for r in refused] == [2]
         assert "models@v2" in refused[0]["reasons"][0] and "traffic_share=1.5" in str(refused)
-        assert counts_reconcile(SCORING, lake)[0]
+        assert counts_reconcile(SCORING_H, lake)[0]
 
     # every prediction against the plain-Python score of its model version (time travel)
     applied = [0, 1]  # the models version each batch applied

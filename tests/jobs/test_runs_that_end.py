@@ -21,6 +21,7 @@ from dagster import (
 )
 
 from assets.tables import EVENTS
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.metadata import recovered_batch_metadata
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
 from jobs.storefront.microbatch import (
@@ -40,6 +41,8 @@ from lakecast.delta import io as delta_io
 from lakecast.pipeline.progress import progress_path, read_log
 from lakecast.snapshots.checkpointer import snapshot_path
 from tests.jobs import microbatch_lake as ml
+
+ENRICHMENT_DECLARATION_H = PipelineHandle.resolve(ENRICHMENT_DECLARATION)
 
 OUTPUTS = {ENRICHED_EVENTS: "enriched", ENRICHMENT_UNMATCHED: "unmatched",
            ENRICHMENT_REJECTED: "rejected"}
@@ -170,7 +173,7 @@ def test_a_batch_committed_but_not_recorded_is_recorded_by_the_next_run(spark, l
         assert unrecorded.plan.batch_id == 1
         plans, commits = read_log(progress_path(lake.checkpoint_root, ENRICHMENT.name))
         (plan,) = [p for p in plans if p.batch_id == 1 and not p.is_restore]
-        logged = recovered_batch_metadata(ENRICHMENT_DECLARATION, lake, plan, commits[1])
+        logged = recovered_batch_metadata(ENRICHMENT_DECLARATION_H, lake, plan, commits[1])
         for asset in recorded:  # what the killed run logged before it died
             instance.report_runless_asset_event(AssetMaterialization(
                 asset_key=asset, metadata={**logged[asset], "recovered": False}))

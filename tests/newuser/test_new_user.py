@@ -9,12 +9,14 @@ user fills in (``project/defs.yaml``) next to one module with the function
 Dagster assets with pandas + ``deltalake`` (``project/tables.py``), not by Lakecast.
 
 Then, through ``dg`` alone: the definitions load before any table exists (``dg check
-defs``, ``dg list defs``, and ``dg dev``'s asset graph read from its GraphQL); the user's
-assets materialize from the CLI; a run enriches a batch; a broadcast overwrite, a deleted
-key and an added column each apply from the next batch on; a continuous run picks up a
-new commit; every output row equals a pandas reference built from time-travelled versions
-of the user's tables. Bad ``defs.yaml`` files, a missing input table, a missing project
-folder and a missing Maven each get one message naming the fix.
+defs``, ``dg list defs``, and ``dg dev``'s asset graph read from its GraphQL); the
+user's assets materialize from the CLI; a run enriches a batch, and so does an asset of
+the user's own that calls ``run_pipeline`` (the reference page's example, as printed); a
+broadcast overwrite, a deleted key and an added column each apply from the next batch
+on; a continuous run picks up a new commit; every output row equals a pandas reference
+built from time-travelled versions of the user's tables. Bad ``defs.yaml`` files, a
+missing input table, a missing project folder and a missing Maven each get one message
+naming the fix.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ USER_FILES = {"fx.py": "src/payments/fx.py",
               "defs.yaml": "src/payments/defs/fx_payments/defs.yaml"}
 #: the project's own assets (their data, not what they write for Lakecast)
 TABLES = ("tables.py", "src/payments/defs/tables.py")
+#: where the user puts the docs' run-seam example (an asset of their own, under defs/)
+OWN_ASSET = "src/payments/defs/own_asset.py"
 #: the newest create-dagster whose scaffolded project resolves on this machine's package
 #: index (1.13.28+ pin a dagster that no dagster-dg-cli release here matches)
 CREATE_DAGSTER = "create-dagster==1.13.27"
@@ -71,6 +75,17 @@ def readme_line(command: str) -> str:
     assert len(lines) == 1, lines
     assert lines[0] in (ROOT / "docs" / "tutorial.md").read_text(), lines[0]
     return lines[0]
+
+
+def doc_seam_example() -> tuple[str, str]:
+    """The run-seam example of the Dagster reference page (its Python block) and the
+    ``dg launch`` selection the page prints for it."""
+    page = (ROOT / "docs" / "reference" / "dagster.md").read_text()
+    section = page.split("## The run seam", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    launch = re.search(r'`dg launch --assets "([^"]+)"`', re.sub(r"\s+", " ", section))
+    assert launch, "the page prints how to launch the example"
+    return code, launch.group(1)
 
 
 def user_env(tmp: Path, uv: str) -> dict[str, str]:
@@ -254,6 +269,10 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     print(f"\nuser-written lines (YAML + Python, non-blank): {user_lines}")
     assert user_lines <= 40
     shutil.copy(HERE / "project" / TABLES[0], project / TABLES[1])
+    # and, beside the Component, an asset of their own that runs a second pipeline's
+    # batches through the public seam: the reference page's example as printed
+    own_code, own_selection = doc_seam_example()
+    (project / OWN_ASSET).write_text(own_code)
 
     # no table exists yet: the definitions load, the user's assets are upstream of the
     # pipeline's outputs, and they materialize from the CLI
@@ -269,6 +288,7 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     assert {"payments_eur", "payments_unmatched", "fx_progress", "fx_snapshots",
             "fx_rates", "payments"} <= set(assets)
     assert {"fx_rates", "payments"} <= set(assets["payments_eur"]["dependency_keys"]), assets
+    assert {"fx_rates", "payments"} <= set(assets["payments_eur_mine"]["dependency_keys"])
     checks = {c["name"] for c in listed["asset_checks"]}
     assert {"counts_reconcile", "broadcast_versions_accepted", "events_fresh"} <= checks
     # `dg dev` serves that graph, the user's assets upstream of the outputs (no table yet)
@@ -298,6 +318,15 @@ def test_a_new_user_declares_and_runs_a_pipeline(tmp_path: Path) -> None:
     timings["empty folder to first enriched batch"] = time.monotonic() - t_start
     want.append(lake.batch_reference((-1, p0), r0))
     assert_rows(lake.at("payments_eur"), pd.concat(want))
+    # the user's own asset: the same batch through run_pipeline, its own log line first
+    own = dg("launch", "--assets", own_selection)
+    own_said = own.stdout + own.stderr
+    assert "Traceback" not in own_said and "my own step before the batches" in own_said, (
+        own_said[-3000:])
+    assert_rows(lake.at("payments_eur_mine"), want[0])
+    every0 = lake.at("payments", p0)
+    assert sorted(lake.at("payments_unmatched_mine").payment_id) == sorted(
+        every0[~every0.payment_id.isin(want[0].payment_id)].payment_id)
 
     # each broadcast change applies from the next batch on: an overwrite with a new
     # rate, a deleted key (GBP), an added column

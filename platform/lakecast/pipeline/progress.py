@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lakecast.config import PipelinePaths
 from lakecast.delta import io as delta_io
 from lakecast.delta import objstore
 
@@ -253,8 +254,9 @@ def _parse_into(rows: list[dict[str, Any]], plans: dict[int, BatchPlan],
 
 
 def progress_path(checkpoint_root: str, pipeline: str) -> str:
-    """Where pipeline ``pipeline`` keeps its progress log (under the checkpoint root)."""
-    return f"{checkpoint_root}/{pipeline}/progress"
+    """Where pipeline ``pipeline`` keeps its progress log (under the checkpoint root,
+    :class:`~lakecast.config.PipelinePaths`)."""
+    return PipelinePaths.under(checkpoint_root, pipeline).progress
 
 
 #: the readers of :func:`read_log`, one per local log: what they read is kept

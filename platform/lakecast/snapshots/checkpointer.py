@@ -59,11 +59,7 @@ def describe(result: CheckpointResult) -> dict[str, Any]:
 
 def snapshot_path(settings: Settings, pipeline: str) -> str:
     """Where a pipeline's snapshot table lives (next to its progress log)."""
-    return settings.checkpoint_path(f"{pipeline}/snapshots")
-
-
-def progress_path(settings: Settings, pipeline: str) -> str:
-    return settings.checkpoint_path(f"{pipeline}/progress")
+    return settings.pipeline_paths(pipeline).snapshots
 
 
 class Checkpointer:
@@ -136,7 +132,7 @@ def restore_checkpoint(
     :attr:`RestoredCheckpoint.skipped`), then outputs of later batches are rolled back.
     The next run restores the state from it and resumes from its offsets."""
     store = SnapshotStore(spark, snapshot_path(settings, pipeline), pipeline)
-    plog = ProgressLog(spark, progress_path(settings, pipeline), pipeline)
+    plog = ProgressLog(spark, settings.pipeline_paths(pipeline).progress, pipeline)
     if not store.exists():
         raise SnapshotError(f"pipeline {pipeline!r} has no checkpoints ({store.path})")
     abandoned = plog.abandoned()
