@@ -179,3 +179,31 @@ def test_a_continuous_run_waits_for_missing_inputs_and_ends_said(lake: Settings)
         logs = [r.user_message for r in instance.all_logs(result.run_id)]
     assert any("'payments'" in m and "waits for them" in m for m in logs), logs
     assert any("never appeared" in m for m in logs), logs
+
+
+def test_translation_sets_every_tables_spec_and_the_keys_deps_use(lake: Settings) -> None:
+    """``translation`` (like the Components Dagster ships) applies to every table's spec,
+    with ``table``/``role``/``pipeline`` in templates; deps follow the translated keys."""
+    defs = load({**ATTRIBUTES, "translation": {
+        "key_prefix": "lake", "group_name": "{{ pipeline }}_tables",
+        "description": "{{ role }} table {{ table }}"}})
+    graph = defs.resolve_asset_graph()
+    main = dg.AssetKey(["lake", "payments_eur"])
+    node = graph.get(main)
+    assert node.parent_keys == {dg.AssetKey(["lake", "payments"]),
+                                dg.AssetKey(["lake", "fx_rates"])}
+    assert node.group_name == "fx_tables"
+    assert graph.get(dg.AssetKey(["lake", "payments_unmatched"])).description == (
+        "side table payments_unmatched")
+    assert graph.get(dg.AssetKey(["lake", "fx_progress"])).group_name == "fx_tables"
+    # once per key: no key prefixed twice
+    assert not [k for k in graph.get_all_asset_keys() if k.path[:2] == ["lake", "lake"]]
+
+
+def test_lake_and_pyspark_fields_set_the_resources(lake: Settings, tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    defs = load({**ATTRIBUTES, "lake": {"lake_root": str(other)},
+                 "pyspark": {"spark_config": {"spark.sql.shuffle.partitions": "3"}}})
+    resources = defs.resources or {}
+    assert resources["lake"].table_path("payments") == f"{other}/payments"
+    assert resources["pyspark"].spark_config == {"spark.sql.shuffle.partitions": "3"}
