@@ -47,6 +47,7 @@ from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.batch_result import BatchResult
 from lakecast.pipeline.micro_batch import REASON_COLUMN
+from lakecast.pipeline.progress import MAIN_COUNT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -199,7 +200,7 @@ def batch_predictions(settings: Settings, result: BatchResult) -> pa.Table | Non
     import pyarrow.parquet as pq
 
     columns = ["model_version", "model_id"]
-    if not result.counts.get("enriched"):
+    if not result.counts.get(MAIN_COUNT):
         return PREDICTION_SCHEMA.empty_table().select(columns)
     path = settings.table_path(PREDICTIONS)
     if "://" in path:

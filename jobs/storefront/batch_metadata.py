@@ -44,7 +44,7 @@ from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.pipeline.held import HELD_COUNTS
 from lakecast.pipeline.micro_batch import CROSS_BATCH_DUPLICATES, LATE_EVENTS, BatchResult
-from lakecast.pipeline.progress import BatchCommit, BatchPlan
+from lakecast.pipeline.progress import MAIN_COUNT, BatchCommit, BatchPlan
 
 
 def batch_metadata(
@@ -66,9 +66,11 @@ def batch_metadata(
         "events_start": plan.events_start,
         "events_end": plan.events_end,
         "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
-        **{k: int(counts.get(k, 0)) for k in ("events_in", "enriched", "unmatched",
-                                                "rejected", CROSS_BATCH_DUPLICATES,
-                                                LATE_EVENTS, *HELD_COUNTS)},
+        # the storefront says "enriched" for the engine's main-output count
+        "enriched": int(counts.get(MAIN_COUNT, 0)),
+        **{k: int(counts.get(k, 0)) for k in ("events_in", "unmatched", "rejected",
+                                                CROSS_BATCH_DUPLICATES, LATE_EVENTS,
+                                                *HELD_COUNTS)},
     }
     if written is not None and oldest is not None and newest is not None:
         common["commit_to_output_seconds"] = round(written - oldest, 3)

@@ -22,6 +22,7 @@ from lakecast.pipeline.micro_batch import (
     MicroBatchPipeline,
     PipelineSpec,
 )
+from lakecast.pipeline.progress import MAIN_COUNT
 from lakecast.runtime.metrics import DEFAULT_STATE_BUDGET_BYTES
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ MAINTENANCE_JOB = "lake_maintenance_job"
 WRITER_JOBS = (MICROBATCH_JOB, CONTINUOUS_JOB, MAINTENANCE_JOB)
 #: (asset, count key) of every output table, main output first
 OUTPUTS = (
-    (ENRICHED_EVENTS, "enriched"), (ENRICHMENT_UNMATCHED, "unmatched"),
+    (ENRICHED_EVENTS, MAIN_COUNT), (ENRICHMENT_UNMATCHED, "unmatched"),
     (ENRICHMENT_REJECTED, "rejected"),
 )  # fmt: skip
 
@@ -119,7 +120,7 @@ def summarize(results: list[BatchResult]) -> dict[str, float | int | str]:
     total: dict[str, float | int | str] = {
         "batches": len(results),
         "events_in": sum(r.counts["events_in"] for r in results),
-        "enriched": sum(r.counts.get("enriched", 0) for r in results),
+        "enriched": sum(r.counts.get(MAIN_COUNT, 0) for r in results),
         "unmatched": sum(r.counts.get("unmatched", 0) for r in results),
         "rejected": sum(r.counts.get("rejected", 0) for r in results),
         CROSS_BATCH_DUPLICATES: sum(r.counts.get(CROSS_BATCH_DUPLICATES, 0) for r in results),

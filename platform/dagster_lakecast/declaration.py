@@ -17,9 +17,9 @@ from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.build import broadcast_pipeline, keyed_pipeline
 from lakecast.config import Settings, get_settings
 from lakecast.names import check_pipeline_name, check_table_name
-from lakecast.pipeline.batch_result import MAIN_COUNT
 from lakecast.pipeline.dedup import DedupSpec
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
+from lakecast.pipeline.progress import MAIN_COUNT
 
 #: the roles of a pipeline's tables
 # (:class:`~dagster_lakecast.translator.DagsterLakecastTranslator`)

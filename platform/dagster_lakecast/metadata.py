@@ -35,7 +35,7 @@ from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.pipeline.micro_batch import BatchResult
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, read_log
+from lakecast.pipeline.progress import MAIN_COUNT, BatchCommit, BatchPlan, read_log
 
 __all__ = [
     "batch_metadata", "log_batch", "output_metadata", "record_batch", "record_missed",
@@ -110,7 +110,7 @@ def batch_metadata(
         "events_end": plan.events_end,
         "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
         "events": int(counts.get("events_in", 0)),
-        "outputs": int(counts.get("enriched", 0)),
+        "outputs": int(counts.get(MAIN_COUNT, 0)),
         "side_outputs": sum(sides.values()),
         **sides,
         "rejected": int(counts.get("rejected", 0)),
@@ -208,7 +208,7 @@ def recovered_batch_metadata(pipe: PipelineHandle, settings: Settings, plan: Bat
         "batch_id": plan.batch_id, "events_start": plan.events_start,
         "events_end": plan.events_end, "recovered": True,
         "state_version": MetadataValue.json(dict(plan.broadcast_versions)),
-        "events": int(counts.get("events_in", 0)), "outputs": int(counts.get("enriched", 0)),
+        "events": int(counts.get("events_in", 0)), "outputs": int(counts.get(MAIN_COUNT, 0)),
         "rejected": int(counts.get("rejected", 0)),
     }
     if written is not None and oldest is not None:

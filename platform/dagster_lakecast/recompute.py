@@ -68,7 +68,7 @@ from lakecast.config import Settings
 from lakecast.delta import io as delta_io
 from lakecast.delta.source import read_broadcast_elements
 from lakecast.pipeline.micro_batch import MicroBatchPipeline
-from lakecast.pipeline.progress import BatchCommit, BatchPlan
+from lakecast.pipeline.progress import MAIN_COUNT, BatchCommit, BatchPlan
 from lakecast.pipeline.replay import batch_input, history
 from lakecast.runtime.executor import VERSION_COLUMN, OutputLayout, version_json
 from lakecast.runtime.harness import BroadcastTestHarness
@@ -160,7 +160,7 @@ def written_rows(spark: SparkSession, pipe: PipelineHandle, settings: Settings,
     table, path = pipe.decl.output_table, settings.table_path(pipe.decl.output_table)
     before_of = {p.batch_id: done[i - 1][1].output_versions.get(table, -1) if i else -1
                  for i, (p, _) in enumerate(done)}
-    wrote = [(p, c) for p, c in done if int(c.counts.get("enriched", 0)) > 0]
+    wrote = [(p, c) for p, c in done if int(c.counts.get(MAIN_COUNT, 0)) > 0]
     frames, chosen, skipped = [], [], []
     for plan, commit in reversed(wrote[-3 * batches:]):
         version, names, there = batch_commit_files(
@@ -385,7 +385,7 @@ def recompute_sample(pipe: PipelineHandle, spark: SparkSession, settings: Settin
     if not done:
         return Recomputation(True, f"{pipe.name} has no committed batch yet: nothing to "
                              f"recompute in {table}", meta)
-    if not any(int(c.counts.get("enriched", 0)) for _, c in done) or bound <= 0:
+    if not any(int(c.counts.get(MAIN_COUNT, 0)) for _, c in done) or bound <= 0:
         return Recomputation(True, f"no committed batch of {pipe.name} wrote rows to {table}: "
                              "nothing to recompute", meta)
     function = pipe.decl.function()

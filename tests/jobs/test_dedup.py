@@ -105,7 +105,7 @@ def test_a_copy_of_an_event_an_earlier_batch_accepted_is_rejected(spark, lake, p
     assert results[1].counts["cross_batch_duplicates"] == 6
     for r in results:
         c = r.counts
-        assert c["events_in"] == c["enriched"] + c["unmatched"] + c["rejected"]
+        assert c["events_in"] == c["output"] + c["unmatched"] + c["rejected"]
     found = results[1].dedup  # the watermark: the newest event time batch 0 accepted
     newest = ml.expected(batches[0], ml.segments_v1(), 10.0)["accepted"].ts.max()
     assert found["watermark"] == newest.tz_localize("UTC").isoformat()

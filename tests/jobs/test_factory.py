@@ -73,7 +73,7 @@ def test_the_fraud_declaration_is_keyed_with_a_state_table():
     assert spec.output_tables == ["fraud_alerts", "fraud_review", "fraud_rejected",
                                   "fraud_keyed_state"]  # fmt: skip
     assert FRAUD.outputs == [
-        ("fraud_alerts", "enriched"),
+        ("fraud_alerts", "output"),
         ("fraud_review", "review"),
         ("fraud_rejected", "rejected"),
     ]

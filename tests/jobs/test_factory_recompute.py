@@ -73,7 +73,7 @@ def write(spark, path: str, rows: list[Row], schema: str, mode: str) -> None:
 def committed(lake, name: str) -> list[tuple[int, dict[str, int], int]]:
     """(batch id, broadcast versions, main output rows) of every committed batch."""
     plans, commits = read_log(progress_path(lake.checkpoint_root, name))
-    return [(p.batch_id, p.broadcast_versions, commits[p.batch_id].counts["enriched"])
+    return [(p.batch_id, p.broadcast_versions, commits[p.batch_id].counts["output"])
             for p in plans if p.batch_id in commits]
 
 

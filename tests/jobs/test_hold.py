@@ -93,7 +93,7 @@ def _model(steps: list[tuple[pd.DataFrame, pd.DataFrame, bool]]) -> dict[str, ob
         held_ids.append(sorted(held.event_id))
         counts.append({
             "events_in": len(ev), "rejected": len(fresh["rejected"]),
-            "enriched": len(fresh["enriched"]) + len(again["enriched"]),
+            "output": len(fresh["enriched"]) + len(again["enriched"]),
             "unmatched": len(expired), "held": len(held), "held_retried": retried,
             "held_expired": len(expired)})
     return {"enriched": pd.concat(enriched, ignore_index=True),
@@ -155,7 +155,7 @@ def test_held_event_is_enriched_when_its_product_arrives_or_expires(spark, lake)
         c = result.counts
         assert {k: c[k] for k in counts} == counts, (result.plan.batch_id, c)
         assert c["events_in"] + c["held_retried"] == (
-            c["enriched"] + c["unmatched"] + c["rejected"] + c["held"])
+            c["output"] + c["unmatched"] + c["rejected"] + c["held"])
     # the case spelled out: 500 (product 6) held in batch 0, expired in batch 2; 1500
     # (product 7) held in batch 1, expired in batch 2; 2500 (product 8) held in batch 2
     assert want["held"][-1] == [2500]

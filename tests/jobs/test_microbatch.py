@@ -113,7 +113,7 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     assert list(r.phases) == list(PHASES)  # the Spark path times the same phases
     assert abs(r.seconds - sum(v for k, v in r.phases.items() if k != "after_commit")) < 0.01
     assert r.counts["events_in"] == len(batch2)
-    assert r.counts["events_in"] == r.counts["enriched"] + r.counts["unmatched"] + r.counts[
+    assert r.counts["events_in"] == r.counts["output"] + r.counts["unmatched"] + r.counts[
         "rejected"]
     assert pipeline.run() == []  # caught up: nothing runs twice
 

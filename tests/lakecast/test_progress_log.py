@@ -71,3 +71,25 @@ def test_read_log_keeps_what_it_read(tmp_path: Path) -> None:
     plans, commits = read_log(path)
     assert [p.batch_id for p in plans] == [0, 1] and list(commits) == [0]
     assert read_position(path)[0] == plans[1]  # batch 1 planned, not committed
+
+
+def test_a_log_written_with_the_old_count_key_reads_in_todays_names(tmp_path: Path) -> None:
+    """Logs written before the main output's count was named ``output`` say ``enriched``:
+    they are read as ``output``; today's logs are written with ``output``."""
+    path = str(tmp_path / "progress")
+    log = ProgressLog(None, path, "p")
+    log.write_plan(_plan(0, 1))
+    log.write_commit(BatchCommit(0, {"events_in": 5, "enriched": 4, "unmatched": 1},
+                                 committed_at_ms=2000))  # as an older Lakecast wrote it
+    log.write_plan(_plan(1, 2))
+    log.write_commit(BatchCommit(1, {"events_in": 3, "output": 3}, committed_at_ms=3000))
+    for _, commits in (log.state(), read_log(path)):
+        assert commits[0].counts == {"events_in": 5, "output": 4, "unmatched": 1}
+        assert commits[1].counts == {"events_in": 3, "output": 3}
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(path).to_pyarrow_table()
+    commits_rows = rows.filter(pc.equal(rows["kind"], "commit")).to_pylist()
+    stored = {r["batch_id"]: r["counts"] for r in commits_rows}
+    assert '"enriched": 4' in stored[0] and '"output": 3' in stored[1]  # stored as written

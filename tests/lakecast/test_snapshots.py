@@ -229,5 +229,5 @@ def test_divergence_fails_the_batch_before_any_output_is_written(any_spark, lake
     # the same pipeline with a deterministic function commits the batch
     ok = pipeline("det", RulesWithHistory())
     (r,) = ok.run()
-    assert r.counts["enriched"] == 12 and r.state_check["state_tasks_verified"] == 4
+    assert r.counts["output"] == 12 and r.state_check["state_tasks_verified"] == 4
     assert delta_io.read(spark, lake.table_path("det_out")).count() == 12

@@ -9,9 +9,6 @@ from typing import Any
 
 from lakecast.pipeline.progress import BatchPlan
 
-#: the count key of the main output's rows in a batch's counts
-MAIN_COUNT = "enriched"
-
 
 @dataclass(frozen=True)
 class BatchResult:

@@ -50,7 +50,13 @@ from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
 from lakecast.pipeline.events import read_new_events, rejected_rows
 from lakecast.pipeline.faults import crash_point
 from lakecast.pipeline.held import HELD_SIDE, UNMATCHED_SIDE, HeldEvents, HeldOutcome
-from lakecast.pipeline.progress import BatchCommit, BatchPlan, ProgressLog, bounded_versions
+from lakecast.pipeline.progress import (
+    MAIN_COUNT,
+    BatchCommit,
+    BatchPlan,
+    ProgressLog,
+    bounded_versions,
+)
 from lakecast.pipeline.rewind import finish_rewind
 from lakecast.pipeline.spec import PipelineSpec as PipelineSpec
 
@@ -314,7 +320,7 @@ class MicroBatchPipeline:
                 f"side outputs {sorted(unknown)} of {self.spec.name} have no table; "
                 f"configured: {sorted(self.spec.side_outputs)} (held events need "
                 f"PipelineSpec.held_table)")
-        counts["enriched"] = by_output.get(None, 0)
+        counts[MAIN_COUNT] = by_output.get(None, 0)
         for side in self.spec.side_outputs:
             counts[side] = by_output.get(side, 0)
         if held is not None:

@@ -28,6 +28,12 @@ from lakecast.config import PipelinePaths
 from lakecast.delta import io as delta_io
 from lakecast.delta import objstore
 
+#: the count key of the main output's rows in a commit's counts
+MAIN_COUNT = "output"
+#: its name in progress logs written before it was named for what it counts (2026-12):
+#: :func:`upgraded_counts` reads them as :data:`MAIN_COUNT`
+LEGACY_MAIN_COUNT = "enriched"
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -248,9 +254,17 @@ def _parse_into(rows: list[dict[str, Any]], plans: dict[int, BatchPlan],
             )
         elif kind == "commit":
             commits[batch_id] = BatchCommit(
-                batch_id, json.loads(r.get("counts")), r.get("recorded_at_ms"),
+                batch_id, upgraded_counts(json.loads(r.get("counts"))), r.get("recorded_at_ms"),
                 json.loads(r.get("output_versions") or "{}"),
             )
+
+
+def upgraded_counts(counts: dict[str, int]) -> dict[str, int]:
+    """A commit's counts in today's names: logs written before the main output's count key
+    was :data:`MAIN_COUNT` say ``"enriched"`` (read as ``"output"``)."""
+    if LEGACY_MAIN_COUNT in counts and MAIN_COUNT not in counts:
+        counts[MAIN_COUNT] = counts.pop(LEGACY_MAIN_COUNT)
+    return counts
 
 
 def progress_path(checkpoint_root: str, pipeline: str) -> str:

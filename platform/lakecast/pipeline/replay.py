@@ -41,7 +41,7 @@ from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.pipeline.held import HELD_SIDE
 from lakecast.pipeline.micro_batch import REASON_COLUMN, MicroBatchPipeline
-from lakecast.pipeline.progress import BatchCommit, BatchPlan
+from lakecast.pipeline.progress import MAIN_COUNT, BatchCommit, BatchPlan
 from lakecast.pipeline.replay_keyed import STATE_SUFFIX, KeyedReplay, start_meta
 from lakecast.runtime.broadcast import BroadcastRuntime
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
@@ -281,7 +281,7 @@ def replay(pipeline: MicroBatchPipeline, into: str, *, first: int | None = None,
                 held_rows = settled.held if settled.held.num_rows else None
             _write(result.main, plan.batch_id, path, first=not out)
             done = ReplayedBatch(plan, at.broadcast_versions, n, result.main.num_rows,
-                                 commit.counts.get("enriched"), time.perf_counter() - t0)
+                                 commit.counts.get(MAIN_COUNT), time.perf_counter() - t0)
             out.append(done)
             if on_batch is not None:
                 on_batch(done)

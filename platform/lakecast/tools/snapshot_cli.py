@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from lakecast.config import get_settings
@@ -39,11 +40,25 @@ def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000))
 
 
+def pipeline_of(args: argparse.Namespace) -> str:
+    """``--pipeline``, else the one pipeline with snapshots under a local checkpoint root
+    (a clear error naming the choices when there are none or several)."""
+    if args.pipeline:
+        return args.pipeline
+    root = Path(get_settings().checkpoint_root.removeprefix("file:"))
+    found = sorted(p.parent.name for p in root.glob("*/snapshots")) if root.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    raise SnapshotError(f"name the pipeline with --pipeline: {len(found)} pipelines have "
+                        f"snapshots under {root}" + (f" ({', '.join(found)})" if found else ""))
+
+
 def _store(args: argparse.Namespace) -> SnapshotStore:
     from lakecast.snapshots.checkpointer import snapshot_path
     from lakecast.spark import get_spark
 
     settings = get_settings()
+    args.pipeline = pipeline_of(args)
     spark = get_spark(app_name="lakecast-cli")
     store = SnapshotStore(spark, snapshot_path(settings, args.pipeline), args.pipeline)
     if not store.exists():
@@ -137,6 +152,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         raise SnapshotError("name a checkpoint id or --timestamp (see `lakecast snapshots list`)")
     ts = parse_timestamp(args.timestamp) if args.timestamp else None
     spark = get_spark(app_name="lakecast-cli")
+    args.pipeline = pipeline_of(args)
     plan, restored = restore_checkpoint(spark, get_settings(), args.pipeline,
                                         args.checkpoint_id, ts)
     for msg in restored.skipped:
@@ -153,7 +169,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     """Register ``snapshots`` on the ``lakecast`` parser."""
     s = sub.add_parser("snapshots", help="list, show, diff or restore broadcast state checkpoints")
-    s.add_argument("--pipeline", default="enrichment")
+    s.add_argument("--pipeline", default=None,
+                   help="the pipeline (default: the one with snapshots under the "
+                   "checkpoint root)")
     ssub = s.add_subparsers(dest="action", required=True)
     ls = ssub.add_parser("list", help="checkpoints with sizes, state versions and status")
     ls.set_defaults(fn=cmd_list)
