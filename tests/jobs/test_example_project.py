@@ -68,5 +68,5 @@ def test_every_pipeline_of_the_project_has_a_continuous_job():
     for made in PIPELINES:
         assert made.continuous.name == f"{made.declaration.name}_continuous"
         assert made.continuous.name in names
-        assert made.continuous.name in made.declaration.writers
+        assert made.continuous.name in made.handle.writers
     assert {"enrichment_continuous", "fraud_continuous", "scoring_continuous"} <= names
