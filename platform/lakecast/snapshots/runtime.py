@@ -36,6 +36,7 @@ from lakecast.api.descriptors import MapStateDescriptor
 from lakecast.api.element import BroadcastElement
 from lakecast.api.functions import BroadcastProcessFunction, Context, ReadOnlyContext
 from lakecast.runtime.broadcast import BroadcastRuntime
+from lakecast.runtime.engine import EngineChoice, python_engine
 from lakecast.runtime.tasks import TaskPlan
 from lakecast.snapshots.checkpointer import Checkpointer, CheckpointResult, describe
 from lakecast.snapshots.codec import (
@@ -159,6 +160,9 @@ class SnapshottingRuntime(BroadcastRuntime):
     build from the full tables). ``checkpointer``: when to checkpoint in a pipeline
     (:meth:`after_commit`), which checkpoints belong to the current lineage, retention;
     without one the runtime checkpoints only when :meth:`checkpoint` is called.
+    ``engine``: a ``"python"`` :class:`~lakecast.runtime.engine.EngineChoice` (what
+    :mod:`lakecast.build` chose); without one, why the state is in the Python workers is
+    said here (:func:`~lakecast.runtime.engine.python_engine`).
     """
 
     def __init__(
@@ -172,12 +176,19 @@ class SnapshottingRuntime(BroadcastRuntime):
         restore: bool = True,
         function_id: str | None = None,
         checkpointer: Checkpointer | None = None,
+        engine: EngineChoice | None = None,
         **options: Any,
     ) -> None:
         self.user_function = function
         fid = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
+        if engine is None:
+            engine = python_engine(function, execution=options.pop("execution", "tasks"),
+                                   jvm_lookups=options.pop("jvm_lookups", None))
+        if not engine.python_state:
+            raise ValueError(f"a SnapshottingRuntime checkpoints the Python workers' state; "
+                             f"the {engine.engine!r} engine keeps none ({engine.reason})")
         super().__init__(spark, SnapshotAware(function), tables, function_id=fid,
-                         parallelism=parallelism, **options)
+                         parallelism=parallelism, engine=engine, **options)
         self.store = store
         self.restore = restore
         self.checkpointer = checkpointer
@@ -367,7 +378,7 @@ class SnapshottingRuntime(BroadcastRuntime):
 
     # -- the runtime contract's hooks (lakecast.pipeline.contract.BatchRuntime) ---------
     # -- checkpoints in the background -------------------------------------------------
-    def defer_checkpoints(self) -> None:
+    def defer_checkpoints(self) -> bool:
         """Take each due checkpoint in a background thread from now on, so the next batches
         do not wait for it (a continuous run); the check that every task holds the same
         state (:meth:`before_commit`) still runs before the batch is written. No second
@@ -376,6 +387,7 @@ class SnapshottingRuntime(BroadcastRuntime):
         no checkpoint (one Delta commit holds all of it): restore uses the one before."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="lakecast-checkpoint")
+        return True
 
     def settle(self) -> Mapping[str, Any] | None:
         """Wait for a checkpoint taken in the background; its summary (``None``: none
