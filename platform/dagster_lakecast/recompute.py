@@ -12,7 +12,7 @@ compared column by column with the rows the batch wrote and the rows the table h
    older one. A broadcast function's row key is the columns the output shares (name and
    type) with the events (an event's own columns); a keyed function's, its key columns;
 2. **recompute**, broadcast functions: per sampled batch, its valid events (as the batch
-   validated and de-duplicated them, :func:`lakecast.pipeline.replay.batch_input`) of the
+   validated and de-duplicated them, :func:`lakecast.replay.batches.batch_input`) of the
    sampled row keys, through a harness whose broadcast state is read at the batch's
    planned ``broadcast_versions``. Keyed functions: each sampled key's events of EVERY
    batch from the first, through one keyed harness, batch by batch as the runtime runs
@@ -69,7 +69,7 @@ from lakecast.delta import io as delta_io
 from lakecast.delta.source import read_broadcast_elements
 from lakecast.pipeline.micro_batch import MicroBatchPipeline
 from lakecast.pipeline.progress import MAIN_COUNT, BatchCommit, BatchPlan
-from lakecast.pipeline.replay import batch_input, history
+from lakecast.replay.batches import batch_input, history
 from lakecast.runtime.executor import VERSION_COLUMN, OutputLayout, version_json
 from lakecast.runtime.harness import BroadcastTestHarness
 from lakecast.runtime.keyed_harness import KeyedBroadcastTestHarness

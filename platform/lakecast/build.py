@@ -20,7 +20,7 @@ Both lay their progress log (and snapshots) under ``checkpoint_root/<pipeline na
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lakecast.api.functions import BroadcastProcessFunction
@@ -30,8 +30,7 @@ from lakecast.delta.validation import VersionGate
 from lakecast.pipeline.micro_batch import MicroBatchPipeline, PipelineSpec, Validator
 from lakecast.pipeline.progress import ProgressLog
 from lakecast.runtime.broadcast import BroadcastRuntime
-from lakecast.runtime.joins import not_joinable
-from lakecast.runtime.jvm_state import say_once, unavailable
+from lakecast.runtime.engine import choose_engine
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
 from lakecast.snapshots.checkpointer import Checkpointer
 from lakecast.snapshots.runtime import SnapshottingRuntime
@@ -70,31 +69,19 @@ def broadcast_pipeline(
                     if checkpoint_every else None)
     tables = {t: table_path(t) for t in spec.broadcast_tables}
     gate = VersionGate(spark, tables, function.table_contracts())
+    engine = choose_engine(spark, function, execution=runtime_options.pop("execution", "tasks"),
+                           jvm_lookups=runtime_options.pop("jvm_lookups", None))
     runtime: BroadcastRuntime
-    if _no_python_state(spark, function, runtime_options):  # nothing to checkpoint
-        runtime = BroadcastRuntime(spark, function, tables, parallelism=parallelism,
-                                   reload_if=gate.reload_reason, **runtime_options)
-    else:
+    if engine.python_state:
         runtime = SnapshottingRuntime(spark, function, tables, store, parallelism=parallelism,
                                       checkpointer=checkpointer, reload_if=gate.reload_reason,
-                                      **runtime_options)
+                                      engine=engine, **runtime_options)
+    else:  # joins, or the executor JVM's state: nothing to checkpoint
+        runtime = BroadcastRuntime(spark, function, tables, parallelism=parallelism,
+                                   reload_if=gate.reload_reason, engine=engine,
+                                   **runtime_options)
     return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator,
                               version_gate=gate)
-
-
-def _no_python_state(spark: SparkSession, function: BroadcastProcessFunction,
-                     options: Mapping[str, Any]) -> bool:
-    """Whether the runtime holds no state in the Python workers: joins, or a pure lookup
-    whose state the executor JVM holds (``unavailable`` says once why it cannot)."""
-    if options.get("execution", "tasks") == "joins":
-        return True
-    wanted = options.get("jvm_lookups")
-    if wanted is False or not_joinable(function) is not None:
-        return False
-    why = None if wanted is True else unavailable(spark)  # (True: the runtime refuses)
-    if why is not None:
-        say_once(why)
-    return why is None
 
 
 def keyed_pipeline(
@@ -124,6 +111,6 @@ def keyed_pipeline(
     tables = {t: table_path(t) for t in spec.broadcast_tables}
     gate = VersionGate(spark, tables, contracts) if contracts else None
     runtime = KeyedBroadcastRuntime(spark, function, tables, table_path(spec.state_table),
-                                    **runtime_options)
+                                    engine=choose_engine(spark, function), **runtime_options)
     return MicroBatchPipeline(spark, spec, table_path, log, runtime, validator,
                               version_gate=gate)

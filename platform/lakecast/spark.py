@@ -39,6 +39,7 @@ from lakecast.spark_conf import (
     build_conf,
     check_java,
     python_env,
+    s3a_hadoop_conf,
 )
 
 if TYPE_CHECKING:
@@ -104,9 +105,8 @@ def _set_s3a_conf(spark: SparkSession, settings: Settings) -> None:
     """The Spark conf's ``spark.hadoop.fs.s3a.*`` settings in the Hadoop configuration of
     a running in-process session (not as session settings, which a client can read back),
     so a session started without them reaches the same object store
-    (:mod:`lakecast.delta.objstore`)."""
-    from lakecast.delta.objstore import s3a_hadoop_conf
-
+    (:func:`lakecast.spark_conf.s3a_hadoop_conf`, as :mod:`lakecast.delta.objstore` reads
+    them)."""
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     for k, v in s3a_hadoop_conf(settings).items():
         if hadoop.get(k) != v:

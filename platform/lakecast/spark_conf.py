@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from lakecast.config import Settings, parse_spark_defaults
+from lakecast.config import Settings, get_settings, parse_spark_defaults
 from lakecast.errors import ConfigError, SetupError
 from lakecast.jars import local_jars
 from lakecast.jvm.build import built_jar
@@ -94,6 +94,17 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
         ).strip()
     conf.setdefault("spark.sql.warehouse.dir", str(settings.var_dir / "warehouse"))
     return conf
+
+
+def s3a_hadoop_conf(settings: Settings | None = None) -> dict[str, str]:
+    """The ``spark.hadoop.fs.s3a.*`` settings of the Spark conf (``LAKECAST_SPARK_CONF``
+    and the defaults file) as Hadoop keys (``fs.s3a.*``), for an in-process session that
+    started without them and for object-store readers (:mod:`lakecast.delta.objstore`)."""
+    settings = settings or get_settings()
+    conf = parse_spark_defaults(settings.spark_conf_file) if settings.spark_conf_file else {}
+    conf = {**conf, **settings.spark_conf}
+    prefix = "spark.hadoop.fs.s3a."
+    return {k.removeprefix("spark.hadoop."): v for k, v in conf.items() if k.startswith(prefix)}
 
 
 def python_env(settings: Settings) -> dict[str, str]:

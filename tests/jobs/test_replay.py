@@ -16,7 +16,7 @@ from assets.tables import DIM_PRODUCTS, USER_SEGMENTS
 from jobs.storefront.pipeline import ENRICHED_EVENTS, build_pipeline
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
-from lakecast.pipeline import replay as rp
+from lakecast.replay import batches as rp
 from lakecast.tools import cli
 from lakecast.tools.replay_cli import MISMATCH
 from tests.jobs import microbatch_lake as ml

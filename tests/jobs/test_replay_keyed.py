@@ -20,8 +20,8 @@ from jobs.fraud.pipeline import FRAUD, FRAUD_ALERTS, FRAUD_RULES, TRANSACTIONS
 from jobs.fraud.tables import append_transactions, write_rules
 from lakecast.config import get_settings
 from lakecast.delta import io as delta_io
-from lakecast.pipeline import replay as rp
 from lakecast.pipeline.progress import progress_path, read_log
+from lakecast.replay import batches as rp
 from lakecast.runtime.executor import VERSION_COLUMN
 from lakecast.tools import cli
 from tests.jobs.test_fraud_pipeline import BAD, RULE_VERSIONS, batch_events, expected, rows

@@ -18,7 +18,8 @@ from lakecast.snapshots.checkpointer import snapshot_path
 from lakecast.snapshots.errors import RefusedCheckpointError
 from lakecast.snapshots.records import parse_header, parse_manifest_row
 from lakecast.snapshots.runtime import SnapshottingRuntime
-from lakecast.snapshots.store import HEADER, MANIFEST, SnapshotStore
+from lakecast.snapshots.store import SnapshotStore
+from lakecast.snapshots.table import HEADER, MANIFEST
 from tests.lakecast.test_snapshots import RulesWithHistory, _events, _rules
 
 #: bytes that are no Arrow schema: the IPC reader takes the first 4 bytes as a length

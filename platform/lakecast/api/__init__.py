@@ -11,6 +11,8 @@
 - :mod:`~lakecast.api.contracts`    TableContract: what each broadcast version must satisfy
 - :mod:`~lakecast.api.keyed`        KeyedBroadcastProcessFunction, keyed contexts, timers
 - :mod:`~lakecast.api.keyed_state`  keyed state descriptors, TTL, schema evolution
+- :mod:`~lakecast.api.keyed_primitives`  the keyed state interfaces (ValueState, MapState,
+  ...) the runtime implements
 """
 
 from lakecast.api.contracts import BroadcastVersionRefused, TableContract
@@ -35,6 +37,14 @@ from lakecast.api.keyed import (
     TimeDomain,
     TimerRegistrationError,
 )
+from lakecast.api.keyed_primitives import (
+    AggregatingState,
+    KeyedStateAccess,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
 from lakecast.api.keyed_state import (
     AggregateFunction,
     AggregatingStateDescriptor,
@@ -51,13 +61,16 @@ from lakecast.api.state import BroadcastState, DictMapState
 from lakecast.api.table_state import TableMapState
 
 __all__ = [
-    "HELD", "UNMATCHED", "AggregateFunction", "AggregatingStateDescriptor",
+    "HELD", "UNMATCHED", "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor",
     "BroadcastElement", "BroadcastOrderError", "BroadcastProcessFunction", "BroadcastState",
     "BroadcastVersionRefused", "Context", "DictMapState", "Enrichment", "FrozenDict",
     "FrozenList", "KeyedBroadcastProcessFunction", "KeyedContext", "KeyedReadOnlyContext",
-    "ListStateDescriptor", "Lookup", "MapStateDescriptor", "OnTimerContext", "OutputTag",
+    "KeyedStateAccess", "ListState", "ListStateDescriptor", "Lookup", "MapState",
+    "MapStateDescriptor", "OnTimerContext", "OutputTag",
     "ReadOnlyBroadcastState", "ReadOnlyContext", "ReadOnlyStateError",
-    "ReducingStateDescriptor", "StateDeclarationError", "StateSchemaError", "StateTtlConfig",
+    "ReducingState", "ReducingStateDescriptor", "StateDeclarationError", "StateSchemaError",
+    "StateTtlConfig",
     "StateVisibility", "TableContract", "TableMapState", "TimeDomain",
-    "TimerRegistrationError", "UpdateType", "ValueStateDescriptor", "enrich", "order_elements",
+    "TimerRegistrationError", "UpdateType", "ValueState", "ValueStateDescriptor", "enrich",
+    "order_elements",
 ]

@@ -34,19 +34,30 @@ read-only broadcast state and read-write keyed state of the current key;
 ``process_broadcast_element`` sees read-write broadcast state and may visit every key's
 state held by the task with :meth:`KeyedContext.apply_to_keyed_state`. Registering a
 timer there raises :class:`TimerRegistrationError`, as in Flink (a broadcast element has
-no key). Keyed state primitives, TTL and serialization live in :mod:`lakecast.api.keyed_state`;
-the Spark-free executor in :mod:`lakecast.runtime.keyed_executor`; the Spark runtime in
-:mod:`lakecast.runtime.keyed`; the in-memory harness in :mod:`lakecast.runtime.keyed_harness`.
+no key). Keyed state descriptors, TTL and serialization live in :mod:`lakecast.api.keyed_state`;
+the primitives' interfaces in :mod:`lakecast.api.keyed_primitives`. The contexts are
+implemented by the runtime, which hands them its keyed state (a
+:class:`~lakecast.api.keyed_primitives.KeyedStateAccess`) when it runs the function: the
+Spark-free executor (:mod:`lakecast.runtime.keyed_executor`), the Spark runtime
+(:mod:`lakecast.runtime.keyed`) and the in-memory harness (:mod:`lakecast.runtime.keyed_harness`).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from lakecast.api.descriptors import MapStateDescriptor
 from lakecast.api.functions import BroadcastProcessFunction, Context, ReadOnlyContext
+from lakecast.api.keyed_primitives import (
+    AggregatingState,
+    KeyedStateAccess,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
 from lakecast.api.keyed_state import (
     AggregatingStateDescriptor,
     KeyedStateDescriptor,
@@ -55,15 +66,6 @@ from lakecast.api.keyed_state import (
     ValueStateDescriptor,
 )
 from lakecast.errors import LakecastError
-
-if TYPE_CHECKING:  # the primitives are views over a task's keyed state backend
-    from lakecast.runtime.keyed_backend import (
-        AggregatingState,
-        ListState,
-        MapState,
-        ReducingState,
-        ValueState,
-    )
 
 
 class TimerRegistrationError(LakecastError):
@@ -109,9 +111,14 @@ class KeyedReadOnlyContext(ReadOnlyContext):
     """What ``process_element`` sees: read-only broadcast state, the current key, its
     keyed state (read-write) and its timers."""
 
+    def keyed_state_access(self) -> KeyedStateAccess:
+        """The task's keyed state, as the runtime hands it over (a function author uses
+        :meth:`get_state` and its siblings)."""
+        raise NotImplementedError
+
     def get_current_key(self) -> Any:
         """The key of the element (a scalar, or a tuple for several key columns)."""
-        raise NotImplementedError
+        return self.keyed_state_access().current_key
 
     def task_index(self) -> int:
         """Index of the parallel task running this (Spark partition id; 0 in the harness)."""
@@ -121,8 +128,9 @@ class KeyedReadOnlyContext(ReadOnlyContext):
         raise NotImplementedError
 
     def get_keyed_state(self, descriptor: KeyedStateDescriptor | MapStateDescriptor) -> Any:
-        """The current key's state for any declared keyed descriptor."""
-        raise NotImplementedError
+        """The current key's state (a :class:`~lakecast.api.keyed_primitives.State`) for
+        any declared keyed descriptor."""
+        return self.keyed_state_access().view(descriptor)
 
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
         return self.get_keyed_state(descriptor)

@@ -1,7 +1,6 @@
 """Typed, canonical JSON for state values: data in, data out — never code.
 
-What checkpoints (:mod:`lakecast.snapshots.codec`) and keyed state rows
-(:mod:`lakecast.runtime.keyed_backend`) store instead of pickles. :func:`dumps` is
+What checkpoints and keyed state rows store instead of pickles. :func:`dumps` is
 canonical (equal values give equal bytes: mappings sorted by key, sets sorted);
 :func:`loads` builds only builtins, ``datetime`` and ``Decimal`` values and raises
 :class:`ValueError` on anything else.

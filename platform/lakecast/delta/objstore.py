@@ -3,10 +3,10 @@
 One place derives the settings every reader of an object-store lake uses:
 
 - Spark: ``spark.hadoop.fs.s3a.*`` pairs of ``LAKECAST_SPARK_CONF`` (or the defaults file)
-  configure S3A when a JVM starts; :func:`s3a_hadoop_conf` gives the same pairs as
-  Hadoop keys (``fs.s3a.*``), which an in-process session started before them puts in
-  its Hadoop configuration (never as session settings: a Lakecast Spark server gets its
-  credentials at start, :mod:`lakecast.server`);
+  configure S3A when a JVM starts; :func:`~lakecast.spark_conf.s3a_hadoop_conf` gives
+  the same pairs as Hadoop keys (``fs.s3a.*``), which an in-process session started
+  before them puts in its Hadoop configuration (never as session settings: a Lakecast
+  Spark server gets its credentials at start, :mod:`lakecast.server`);
 - :func:`storage_options`: the same values for ``deltalake`` (delta-rs) and pyarrow,
   from that Spark conf, else from the ``AWS_*`` environment variables
   (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -27,8 +27,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from lakecast.config import Settings, get_settings
+from lakecast.config import Settings
 from lakecast.errors import LakecastError
+from lakecast.spark_conf import s3a_hadoop_conf
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 #: schemes read here (Hadoop's ``s3a`` and the plain ``s3``)
 SCHEMES = ("s3a", "s3")
-_S3A = "spark.hadoop.fs.s3a."
 #: ``fs.s3a.<key>`` -> delta-rs / object_store option
 _FROM_S3A = {
     "endpoint": "AWS_ENDPOINT_URL",
@@ -65,13 +65,6 @@ def options_for(path: str, settings: Settings | None = None) -> dict[str, str] |
     """:func:`storage_options` for an object-store ``path``, ``None`` for a local one
     (what ``deltalake``'s ``storage_options`` parameters take)."""
     return storage_options(settings) if is_object_store(path) else None
-
-
-def s3a_hadoop_conf(settings: Settings | None = None) -> dict[str, str]:
-    """The ``spark.hadoop.fs.s3a.*`` settings of the Spark conf as Hadoop keys
-    (``fs.s3a.*``), for an in-process session that started without them."""
-    conf = _spark_conf(settings or get_settings())
-    return {k.removeprefix("spark.hadoop."): v for k, v in conf.items() if k.startswith(_S3A)}
 
 
 def storage_options(settings: Settings | None = None,
@@ -103,13 +96,6 @@ def storage_options(settings: Settings | None = None,
     if env.get("AWS_S3_ALLOW_UNSAFE_RENAME"):
         opts["AWS_S3_ALLOW_UNSAFE_RENAME"] = env["AWS_S3_ALLOW_UNSAFE_RENAME"]
     return opts
-
-
-def _spark_conf(settings: Settings) -> dict[str, str]:
-    from lakecast.config import parse_spark_defaults
-
-    conf = parse_spark_defaults(settings.spark_conf_file) if settings.spark_conf_file else {}
-    return {**conf, **settings.spark_conf}
 
 
 def read_error(uri: str, e: BaseException) -> ObjectStoreError:

@@ -18,14 +18,20 @@ Around the batch, a runtime gets four hooks:
   broadcast state); returns what it did, for logs and metadata;
 * :meth:`BatchRuntime.on_rewind` when the pipeline was rewound to a checkpoint.
 
-:class:`~lakecast.runtime.broadcast.BroadcastRuntime` (and its checkpointing subclass
-:class:`~lakecast.snapshots.runtime.SnapshottingRuntime`) and
-:class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime` implement it.
+A continuous run adds three: :meth:`BatchRuntime.warm_up` builds the task-local state
+before the first batch, :meth:`BatchRuntime.defer_checkpoints` lets checkpoints run
+beside the next batches and :meth:`BatchRuntime.settle` waits for them.
+
+:class:`BaseRuntime` gives every hook but :meth:`~BatchRuntime.process_batch` a no-op
+default; :class:`~lakecast.runtime.broadcast.BroadcastRuntime` (and its checkpointing
+subclass :class:`~lakecast.snapshots.runtime.SnapshottingRuntime`) and
+:class:`~lakecast.runtime.keyed.KeyedBroadcastRuntime` derive from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -33,10 +39,32 @@ if TYPE_CHECKING:
 
     from lakecast.api.element import BroadcastElement
     from lakecast.pipeline.progress import BatchPlan
-    from lakecast.runtime.metrics import RunMetrics
 
 #: name of the internal side output that carries one accounting row per task
 TASK_SIDE = "_task"
+
+
+class BatchMetrics(Protocol):
+    """What the pipeline reads of a batch's metrics (the runtime's
+    :class:`~lakecast.runtime.metrics.RunMetrics`)."""
+
+    budget_bytes: int
+
+    @property
+    def parallelism(self) -> int: ...
+
+    @property
+    def broadcast_updates_applied(self) -> int: ...
+
+    @property
+    def state_bytes_per_task(self) -> int: ...
+
+    @property
+    def executors(self) -> list[str]: ...
+
+    def summary(self) -> dict[str, Any]:
+        """Aggregate numbers of the batch (at least ``cold_tasks``)."""
+        ...
 
 
 @runtime_checkable
@@ -79,7 +107,7 @@ class BatchOutput(Protocol):
         """Runtime-specific counts of the batch (added to the batch's counts)."""
         ...
 
-    def metrics(self) -> RunMetrics:
+    def metrics(self) -> BatchMetrics:
         """Per-task and aggregate metrics (from :meth:`task_rows`)."""
         ...
 
@@ -130,4 +158,59 @@ class BatchRuntime(Protocol):
         """Restore hook: the pipeline was rewound to ``plan.restore_of``."""
         ...
 
+    def warm_up(self, events: Callable[[], DataFrame],
+                until: Mapping[str, int]) -> int | None:
+        """Build the task-local state at ``until`` before a first batch (``events`` gives
+        the batches' input, for its schema; called only by a runtime that warms up);
+        returns the tasks that were cold, ``None`` when there is nothing to warm."""
+        ...
+
+    def defer_checkpoints(self) -> bool:
+        """Take checkpoints in the background from now on; whether this runtime can (then
+        call :meth:`settle` before the process ends)."""
+        ...
+
+    def settle(self) -> Mapping[str, Any] | None:
+        """Wait for background work (a checkpoint); its summary, ``None`` if none ran."""
+        ...
+
     def close(self) -> None: ...
+
+
+class BaseRuntime(BatchRuntime):
+    """A :class:`BatchRuntime` whose hooks do nothing until a subclass overrides them;
+    :meth:`process_batch` it must implement."""
+
+    @abstractmethod
+    def process_batch(self, events: DataFrame, plan: BatchPlan) -> BatchOutput:
+        """The batch at ``plan.broadcast_versions`` (see :class:`BatchRuntime`)."""
+
+    def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """Nothing to check."""
+        return None
+
+    def commit_state(self, output: BatchOutput) -> None:
+        """Nothing to persist."""
+
+    def after_commit(self, plan: BatchPlan) -> Mapping[str, Any] | None:
+        """No checkpoints."""
+        return None
+
+    def on_rewind(self, plan: BatchPlan) -> None:
+        """Nothing to restore."""
+
+    def warm_up(self, events: Callable[[], DataFrame],
+                until: Mapping[str, int]) -> int | None:
+        """No task-local state to warm."""
+        return None
+
+    def defer_checkpoints(self) -> bool:
+        """No checkpoints to defer."""
+        return False
+
+    def settle(self) -> Mapping[str, Any] | None:
+        """No background work."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -436,27 +436,27 @@ class MicroBatchPipeline:
     def warm_up(self) -> int | None:
         """Build the runtime's task-local state at the last committed batch's versions
         before the first batch (a continuous run's first batch then runs warm); returns
-        the tasks that were cold, ``None`` when the runtime cannot warm up or nothing is
-        committed yet."""
-        warm = getattr(self.runtime, "warm_up", None)
+        the tasks that were cold, ``None`` when the runtime has nothing to warm or nothing
+        is committed yet."""
         last, _ = self.log.last_committed()
-        if warm is None or last is None:
+        if last is None:
             return None
-        events = delta_io.read(self.spark, self.table_path(self.spec.events_table))
-        if self.validator is not None:
-            events = self.validator(events).drop(REASON_COLUMN)
-        return int(warm(events, last.broadcast_versions))
+
+        def events() -> DataFrame:
+            frame = delta_io.read(self.spark, self.table_path(self.spec.events_table))
+            return frame if self.validator is None else \
+                self.validator(frame).drop(REASON_COLUMN)
+
+        return self.runtime.warm_up(events, last.broadcast_versions)
 
     def defer_checkpoints(self) -> bool:
         """Let the runtime checkpoint in the background (a continuous run: the next batches
         do not wait); whether it can. Call :meth:`settle` before the process ends."""
-        defer = getattr(self.runtime, "defer_checkpoints", None)
-        return defer is not None and defer() is None
+        return self.runtime.defer_checkpoints()
 
     def settle(self) -> Mapping[str, Any] | None:
         """Wait for the runtime's background work (a checkpoint); its summary, if any."""
-        settle = getattr(self.runtime, "settle", None)
-        return settle() if settle is not None else None
+        return self.runtime.settle()
 
     # -- driver ---------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -41,10 +41,11 @@ from lakecast.api.enrich import Enrichment
 from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.delta.log import DeltaIOError, commit_info
 from lakecast.delta.source import latest_versions, read_broadcast_elements
-from lakecast.pipeline.contract import TASK_SIDE
+from lakecast.pipeline.contract import TASK_SIDE, BaseRuntime
+from lakecast.runtime.engine import EngineChoice, Execution, choose_engine
 from lakecast.runtime.executor import OutputLayout, version_json
-from lakecast.runtime.joins import not_joinable, plan_joins
-from lakecast.runtime.jvm_state import JvmLookups, not_in_jvm, say_once, unavailable
+from lakecast.runtime.joins import plan_joins
+from lakecast.runtime.jvm_state import JvmLookups, not_in_jvm, say_once
 from lakecast.runtime.metrics import (
     BUDGET_FIX,
     DEFAULT_STATE_BUDGET_BYTES,
@@ -62,11 +63,7 @@ if TYPE_CHECKING:
     from lakecast.pipeline.progress import BatchPlan
 
 
-Execution = Literal["tasks", "joins"]
-EXECUTIONS: tuple[str, ...] = ("tasks", "joins")
-
-
-class BroadcastRuntime:
+class BroadcastRuntime(BaseRuntime):
     """Runs one :class:`~lakecast.api.BroadcastProcessFunction` over event DataFrames
     with task-local broadcast state built from Delta tables ``{name: path}``.
 
@@ -74,6 +71,9 @@ class BroadcastRuntime:
     the state stays warm in the Python workers between calls — or, for a pure
     ``enrich(Lookup...)``, in the executor JVM (:mod:`lakecast.runtime.jvm_state`;
     ``jvm_lookups=False`` keeps it in the Python workers, ``True`` requires the JVM).
+    ``engine``: the state engine chosen for it (:func:`~lakecast.runtime.engine.choose_engine`,
+    as :mod:`lakecast.build` does); without one it is chosen here from ``execution`` and
+    ``jvm_lookups``.
     """
 
     def __init__(
@@ -91,17 +91,20 @@ class BroadcastRuntime:
         reload_if: Callable[[str, int, int], str | None] | None = None,
         execution: Execution = "tasks",
         jvm_lookups: bool | None = None,
+        engine: EngineChoice | None = None,
     ) -> None:
         if not tables:
             raise ValueError("BroadcastRuntime needs at least one broadcast table")
-        if execution not in EXECUTIONS:
-            raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
-        why = not_joinable(function) if execution == "joins" else None
-        if why:
-            raise ValueError(f"execution='joins': {why}")
-        #: ``"tasks"``: task-local state in the Python workers; ``"joins"``: a pure
-        #: ``enrich(Lookup...)`` as Spark broadcast joins (:mod:`lakecast.runtime.joins`)
-        self.execution = execution
+        if engine is None:
+            engine = choose_engine(spark, function, execution=execution,
+                                   jvm_lookups=jvm_lookups)
+        if engine.engine not in ("python", "jvm", "joins"):
+            raise ValueError(f"BroadcastRuntime cannot run the {engine.engine!r} engine")
+        #: the state engine and why (:mod:`lakecast.runtime.engine`)
+        self.engine = engine
+        #: ``"tasks"``: task-local state (Python workers or executor JVM); ``"joins"``: a
+        #: pure ``enrich(Lookup...)`` as Spark broadcast joins (:mod:`lakecast.runtime.joins`)
+        self.execution: Execution = "joins" if engine.engine == "joins" else "tasks"
         self.spark = spark
         self.function = function
         self.tables = dict(tables)
@@ -128,29 +131,11 @@ class BroadcastRuntime:
         #: ``(table, from, to) -> reason`` to reload a table whole instead of applying its
         #: changes (e.g. a refused version in between, :mod:`lakecast.delta.validation`)
         self.reload_if = reload_if
-        #: a pure ``enrich(Lookup...)`` with ``execution="tasks"``: its task-local state
-        #: lives in the executor JVM (:mod:`lakecast.runtime.jvm_state`); ``None``: in the
-        #: Python workers (``jvm_lookups=False``, another function, or unavailable)
-        self.jvm: JvmLookups | None = self._jvm_lookups(jvm_lookups)
+        #: the ``"jvm"`` engine's lookups (:mod:`lakecast.runtime.jvm_state`); ``None``: the
+        #: state is in the Python workers (or joins have none)
+        self.jvm: JvmLookups | None = self._jvm_lookups() if engine.engine == "jvm" else None
 
-    def _jvm_lookups(self, wanted: bool | None) -> JvmLookups | None:
-        if self.execution == "joins":
-            self._engine_reason = "execution='joins': each batch runs as Spark broadcast joins"
-            return None
-        if wanted is False or not_joinable(self.function):
-            if wanted and not_joinable(self.function):
-                raise ValueError(f"jvm_lookups=True: {not_joinable(self.function)}")
-            self._engine_reason = ("jvm_lookups=False" if wanted is False else
-                                   f"the function runs in Python ({not_joinable(self.function)})")
-            return None
-        why = unavailable(self.spark)
-        if why is not None:
-            if wanted:
-                raise ValueError(f"jvm_lookups=True: {why}")
-            say_once(why)
-            self._engine_reason = f"JVM lookups unavailable: {why}"
-            return None
-        self._engine_reason = "a pure enrich(Lookup...): its state in the executor JVM"
+    def _jvm_lookups(self) -> JvmLookups:
         from lakecast.config import get_settings
 
         assert isinstance(self.function, Enrichment)
@@ -159,15 +144,16 @@ class BroadcastRuntime:
 
     @property
     def state_engine(self) -> str:
-        """Where the task-local state lives: ``"jvm"``, ``"python"`` or ``"joins"``."""
-        if self.execution == "joins":
-            return "joins"
-        return "jvm" if self.jvm is not None else "python"
+        """Where the task-local state lives: ``"jvm"``, ``"python"`` or ``"joins"`` (a
+        ``"jvm"`` engine whose columns' types sent the lookups back: ``"python"``)."""
+        if self.engine.engine == "jvm" and self.jvm is None:
+            return "python"
+        return self.engine.engine
 
     @property
     def state_engine_reason(self) -> str:
         """Why :attr:`state_engine` holds the state (one line, for a batch's metadata)."""
-        return self._engine_reason
+        return self.engine.reason
 
     # -- the chain -------------------------------------------------------------------
     @property
@@ -374,10 +360,11 @@ class BroadcastRuntime:
                              self.lineage, self.function_id, self.state_budget_bytes,
                              timezone=self._tz, state_bytes=self.estimated_state_bytes)
 
-    def warm_up(self, events: DataFrame, until: Mapping[str, int] | None = None) -> int:
-        """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``:
-        the batches' input, for its schema), so that a first batch runs warm; returns the
-        tasks that were cold (none with ``execution="joins"``: there is no task state)."""
+    def warm_up(self, events: Callable[[], DataFrame],
+                until: Mapping[str, int] | None = None) -> int:
+        """Build the task-local state at ``until`` in :attr:`parallelism` tasks (``events``
+        gives the batches' input, for its schema), so that a first batch runs warm; returns
+        the tasks that were cold (none with ``execution="joins"``: there is no task state)."""
         if self.execution == "joins":
             return 0
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -387,7 +374,7 @@ class BroadcastRuntime:
         if self.jvm is not None:  # executors build the state; none is a Python task's
             self.jvm.warm(self.spark, self._chain, self._schemas, p)
             return 0
-        plan = self.plan(to_arrow_schema(events.schema, timezone="UTC"))
+        plan = self.plan(to_arrow_schema(events().schema, timezone="UTC"))
         rows = self.spark.range(0, p, 1, p).mapInArrow(
             lambda batches: warm_task(plan, batches), WARM_SCHEMA).collect()
         return sum(int(r[0]) for r in rows)

@@ -44,7 +44,9 @@ import pyarrow as pa
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.api.keyed_state import check_schema, schema_json
 from lakecast.delta.source import latest_versions, read_broadcast_elements
+from lakecast.pipeline.contract import BaseRuntime
 from lakecast.runtime.broadcast import BroadcastRuntime
+from lakecast.runtime.engine import KEYED, EngineChoice
 from lakecast.runtime.executor import OutputLayout, version_json
 from lakecast.runtime.keyed_executor import (
     keyed_descriptors,
@@ -137,16 +139,12 @@ class KeyedResult(BroadcastResult):
         return {"changed_keys": keyed["changed_keys"], "timers_fired": keyed["timers_fired"]}
 
 
-class KeyedBroadcastRuntime:
+class KeyedBroadcastRuntime(BaseRuntime):
     """Runs a keyed broadcast function over micro-batches, keyed state in Delta at
     ``state_path`` (a changelog compacted every ``compact_every`` batches,
     :mod:`lakecast.runtime.keyed_store`). Keep one per Spark application; call
-    :meth:`process` then (after the outputs are written) :meth:`commit` per batch."""
-
-    #: where the state lives (the runtime contract's names)
-    state_engine = "keyed"
-    state_engine_reason = ("a keyed function: keyed state in Delta, broadcast state in the "
-                           "Python workers by key group")
+    :meth:`process` then (after the outputs are written) :meth:`commit` per batch.
+    ``engine``: the ``"keyed"`` choice of :func:`~lakecast.runtime.engine.choose_engine`."""
 
     def __init__(
         self,
@@ -165,9 +163,16 @@ class KeyedBroadcastRuntime:
         function_id: str | None = None,
         max_chain: int = 32,
         compact_every: int = DEFAULT_COMPACT_EVERY,
+        engine: EngineChoice = KEYED,
     ) -> None:
         if not isinstance(function, KeyedBroadcastProcessFunction):
             raise TypeError(f"{type(function).__name__} is not a KeyedBroadcastProcessFunction")
+        if engine.engine != "keyed":
+            raise ValueError(f"KeyedBroadcastRuntime cannot run the {engine.engine!r} engine")
+        #: the state engine and why (:mod:`lakecast.runtime.engine`)
+        self.engine = engine
+        self.state_engine: str = engine.engine
+        self.state_engine_reason: str = engine.reason
         self.descriptors = keyed_descriptors(function)
         self.spark = spark
         self.function = function
@@ -186,7 +191,8 @@ class KeyedBroadcastRuntime:
         self.broadcast = BroadcastRuntime(spark, function, chain_tables, lineage=lineage,
                                           timestamp_column=timestamp_column,
                                           state_budget_bytes=state_budget_bytes,
-                                          function_id=fid)
+                                          function_id=fid,
+                                          engine=EngineChoice("python", engine.reason))
         self._chain: list[ChainLink] = []
         self._chain_version: dict[str, int] = {}
         self.store = KeyedStateStore(spark, state_path, key_groups, compact_every)
@@ -206,7 +212,7 @@ class KeyedBroadcastRuntime:
             watermark_delay_ms=self.watermark_delay_ms, key_groups=self.key_groups,
             parallelism=self.parallelism, lineage=self.broadcast.lineage,
             state_budget_bytes=self.broadcast.state_budget_bytes, max_chain=self.max_chain,
-            compact_every=self.store.compact_every)
+            compact_every=self.store.compact_every, engine=self.engine)
 
     # -- keyed state: which version feeds a batch -------------------------------------
     def state_before(self, batch_id: int) -> tuple[int | None, StateMeta]:

@@ -1,6 +1,8 @@
 """The keyed state of one task: :class:`KeyedStateBackend`, the five primitives that view
 the current key's state in it, and per-key serialization (:func:`encode_key`,
-:func:`decode_key`). Descriptors, TTL and schema evolution are in
+:func:`decode_key`). They implement the API's interfaces
+(:mod:`lakecast.api.keyed_primitives`): the runtime hands a backend to the contexts it
+gives a function. Descriptors, TTL and schema evolution are in
 :mod:`lakecast.api.keyed_state`."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lakecast.api import keyed_primitives as api
 from lakecast.api import typed
 from lakecast.api.descriptors import MapStateDescriptor, StateDeclarationError
 from lakecast.api.keyed_state import (
@@ -37,7 +40,7 @@ class KeyEntry:
         return not self.states and not self.timers
 
 
-class KeyedStateBackend:
+class KeyedStateBackend(api.KeyedStateAccess):
     """The keyed state of one task: ``{key: KeyEntry}``, scoped by :attr:`current_key`.
 
     Raw layout per state kind (``ts`` = the entry's last TTL refresh, processing ms):
@@ -190,7 +193,7 @@ def sort_key(key: Any) -> tuple[str, str]:
 
 
 # =========================================================================== primitives
-class _State:
+class _State(api.State):
     def __init__(self, backend: KeyedStateBackend, descriptor: AnyDescriptor) -> None:
         self._b = backend
         self.descriptor = descriptor
@@ -245,7 +248,7 @@ class _State:
         return raw[0]
 
 
-class ValueState(_State):
+class ValueState(_State, api.ValueState):
     """One value of the current key."""
 
     def value(self) -> Any:
@@ -255,7 +258,7 @@ class ValueState(_State):
         self._set(None if value is None else (value, self._now()))
 
 
-class ListState(_State):
+class ListState(_State, api.ListState):
     """A list of values of the current key (TTL per element)."""
 
     def get(self) -> list[Any]:
@@ -281,7 +284,7 @@ class ListState(_State):
         self._set([(v, now) for v in values])
 
 
-class MapState(_State):
+class MapState(_State, api.MapState):
     """A map of the current key (TTL per entry)."""
 
     def _items(self) -> dict[Any, tuple[Any, int]]:
@@ -335,7 +338,7 @@ class MapState(_State):
         return not self.items()
 
 
-class ReducingState(_State):
+class ReducingState(_State, api.ReducingState):
     """One value of the current key, folded with the descriptor's ``reduce_function``."""
 
     def get(self) -> Any:
@@ -347,7 +350,7 @@ class ReducingState(_State):
         self._set((value if current is None else fn(current, value), self._now()))
 
 
-class AggregatingState(_State):
+class AggregatingState(_State, api.AggregatingState):
     """An accumulator of the current key (``get()`` returns the aggregate's result)."""
 
     def get(self) -> Any:

@@ -1,7 +1,7 @@
 """The Spark-free core of keyed broadcast processing, shared by the harness and the runtime.
 
 :class:`KeyedExecutor` extends the broadcast :class:`~lakecast.runtime.executor.Executor` with a
-:class:`~lakecast.api.keyed_state.KeyedStateBackend`, timers, a watermark and a processing
+:class:`~lakecast.runtime.keyed_backend.KeyedStateBackend`, timers, a watermark and a processing
 clock. Order of work in one step (a micro-batch, or a harness call):
 
 1. broadcast elements (read-write broadcast state; ``apply_to_keyed_state`` visits every
@@ -11,7 +11,8 @@ clock. Order of work in one step (a micro-batch, or a harness call):
 3. timers: event-time timers up to the new watermark, processing-time timers up to the
    processing time, in (time, key) order; timers registered while firing fire too if due
    (:meth:`KeyedExecutor.fire_timers`);
-4. TTL cleanup of every expired entry (:meth:`~lakecast.api.keyed_state.KeyedStateBackend.expire`).
+4. TTL cleanup of every expired entry
+   (:meth:`~lakecast.runtime.keyed_backend.KeyedStateBackend.expire`).
 """
 
 from __future__ import annotations
@@ -100,17 +101,14 @@ class _KeyedROCtx(TaskReadOnlyContext, KeyedReadOnlyContext):
     def current_processing_time(self) -> int:
         return self._ex.processing_time
 
-    def get_current_key(self) -> Any:
-        return self._ex.keyed.current_key
+    def keyed_state_access(self) -> KeyedStateBackend:
+        return self._ex.keyed  # the task's keyed state, handed to the API's context
 
     def task_index(self) -> int:
         return self._ex.task_index
 
     def timer_service(self) -> TimerService:
         return _KeyTimers(self._ex)
-
-    def get_keyed_state(self, descriptor: AnyDescriptor) -> Any:
-        return self._ex.keyed.view(descriptor)
 
 
 class _OnTimerCtx(_KeyedROCtx, OnTimerContext):

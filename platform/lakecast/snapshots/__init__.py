@@ -1,9 +1,12 @@
 """Broadcast state checkpoints versioned in Delta: restore, rescale, rewind.
 
 - :mod:`~lakecast.snapshots.codec`         canonical serialization and content hashes
-- :mod:`~lakecast.snapshots.store`         the snapshot table: write, validate, resolve, retain
+- :mod:`~lakecast.snapshots.table`         the snapshot table: its layout, a write, reads
+- :mod:`~lakecast.snapshots.store`         which checkpoints are complete, restore, retain
 - :mod:`~lakecast.snapshots.tasks`         what a task runs during a checkpoint
 - :mod:`~lakecast.snapshots.runtime`       SnapshottingRuntime: checkpoint and restore hooks
+- :mod:`~lakecast.snapshots.capture`       a checkpoint taken: manifest job, divergence, commit
+- :mod:`~lakecast.snapshots.restored`      what a restore puts in the chain (SnapshotAware)
 - :mod:`~lakecast.snapshots.checkpointer`  when to checkpoint, what to keep, restore_checkpoint
 - :mod:`~lakecast.snapshots.listing`       summaries, readable entries, diffs (the CLI)
 - :mod:`~lakecast.snapshots.horizon`       the output versions rewinds can restore (VACUUM)

@@ -16,7 +16,8 @@ from lakecast.snapshots.errors import (
     is_damaged_read,
 )
 from lakecast.snapshots.records import CheckpointHeader, ManifestRow, parse_manifest_row
-from lakecast.snapshots.store import ENTRY, MANIFEST, SnapshotStore
+from lakecast.snapshots.store import SnapshotStore
+from lakecast.snapshots.table import ENTRY, MANIFEST
 
 
 @dataclass

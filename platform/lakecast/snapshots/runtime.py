@@ -9,50 +9,40 @@ A :class:`~lakecast.runtime.BroadcastRuntime` whose
   batch when tasks disagree (:class:`~lakecast.snapshots.CheckpointDivergenceError`);
 * :meth:`SnapshottingRuntime.checkpoint` (after the commit) reuses that manifest, then a
   second job writes each distinct content once, and the header, manifest and content
-  rows commit together (one Delta version);
+  rows commit together (one Delta version; :mod:`lakecast.snapshots.capture`); with
+  :meth:`~SnapshottingRuntime.defer_checkpoints`, in a background thread;
 * cold start (``_base_elements``, the engine's documented hook) restores from the newest
   complete checkpoint at or before the needed state version instead of reading the full
   tables, redistributing task states as Flink does (new task ``i`` reads old task
   ``i mod p_old``), then catches up with the Delta increments since the checkpoint.
 
-Restored state enters the chain as :class:`SnapshotElement` s (one per broadcast table,
-carrying the table's checkpointed version); :class:`SnapshotAware` wraps the user's
-function so that applying them loads the states directly — never through the user's
-``process_broadcast_element``.
+Restored state enters the chain as :class:`~lakecast.snapshots.restored.SnapshotElement` s,
+which :class:`~lakecast.snapshots.restored.SnapshotAware` (the user's function, wrapped)
+loads directly.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from lakecast.api.descriptors import MapStateDescriptor
 from lakecast.api.element import BroadcastElement
-from lakecast.api.functions import BroadcastProcessFunction, Context, ReadOnlyContext
+from lakecast.api.functions import BroadcastProcessFunction
 from lakecast.runtime.broadcast import BroadcastRuntime
+from lakecast.runtime.engine import EngineChoice, python_engine
 from lakecast.runtime.tasks import TaskPlan
+from lakecast.snapshots.capture import Captured, check_divergence, task_manifest, write_checkpoint
 from lakecast.snapshots.checkpointer import Checkpointer, CheckpointResult, describe
-from lakecast.snapshots.codec import (
-    FORMAT,
-    load_into,
-    schema_from_b64,
-    schema_to_b64,
-)
-from lakecast.snapshots.errors import CheckpointDivergenceError, SnapshotError
-from lakecast.snapshots.store import (
-    CheckpointHeader,
-    ManifestRow,
-    RestoredCheckpoint,
-    SnapshotStore,
-    now_ms,
-)
-from lakecast.snapshots.tasks import ENTRY_ARROW, MANIFEST_SCHEMA, content_task, manifest_task
+from lakecast.snapshots.codec import schema_from_b64, schema_to_b64
+from lakecast.snapshots.errors import SnapshotError
+from lakecast.snapshots.records import ManifestRow
+from lakecast.snapshots.restored import SnapshotAware, SnapshotElement, declared_states
+from lakecast.snapshots.store import RestoredCheckpoint, SnapshotStore
 from lakecast.spark import default_parallelism
 
 if TYPE_CHECKING:
@@ -65,90 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# ============================================================================ restore element
-@dataclass(frozen=True, eq=False)
-class SnapshotElement(BroadcastElement):
-    """A broadcast element standing for "table ``table`` at ``version``, restored from a
-    checkpoint". ``rows`` is empty (with the table's schema); the first element of a
-    restore carries every state's content in ``contents``."""
-
-    contents: Mapping[str, tuple[str, Any]] | None = None
-    checkpoint_id: int = -1
-    entries: int = 0
-    content_bytes: int = 0
-
-    @property
-    def num_rows(self) -> int:
-        return self.entries
-
-    @property
-    def nbytes(self) -> int:
-        return self.content_bytes
-
-
-class SnapshotAware(BroadcastProcessFunction):
-    """Wraps a function so that :class:`SnapshotElement` s load checkpointed state; every
-    other call is delegated to the wrapped function unchanged."""
-
-    def __init__(self, inner: BroadcastProcessFunction) -> None:
-        self.inner = inner
-
-    # delegation -------------------------------------------------------------------------
-    @property
-    def missing_state(self) -> Any:  # type: ignore[override]
-        return self.inner.missing_state
-
-    @property
-    def batch_format(self) -> Any:  # type: ignore[override]
-        return self.inner.batch_format
-
-    def is_vectorized(self) -> bool:  # type: ignore[override]
-        return self.inner.is_vectorized()
-
-    def state_descriptors(self) -> Sequence[MapStateDescriptor]:
-        return self.inner.state_descriptors()
-
-    def output_tags(self) -> Sequence[Any]:
-        return self.inner.output_tags()
-
-    def table_contracts(self) -> Sequence[Any]:
-        return self.inner.table_contracts()
-
-    def side_output_tags(self) -> list[Any]:
-        return self.inner.side_output_tags()
-
-    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        return self.inner.output_schema(input_schema)
-
-    def bind_tables(self, schemas: Mapping[str, pa.Schema]) -> None:
-        self.inner.bind_tables(schemas)
-
-    def open(self) -> None:
-        self.inner.open()
-
-    def process_element(self, value: Any, ctx: ReadOnlyContext) -> Iterable[Any] | None:
-        return self.inner.process_element(value, ctx)
-
-    def process_batch(self, batch: Any, ctx: ReadOnlyContext) -> Any:
-        return self.inner.process_batch(batch, ctx)
-
-    def process_broadcast_element(self, value: Any, ctx: Context) -> Iterable[Any] | None:
-        if isinstance(value, SnapshotElement):
-            if value.contents is not None:
-                declared = {d.name: d for d in self.inner.state_descriptors()}
-                for name, (kind, content) in value.contents.items():
-                    load_into(ctx.get_broadcast_state(declared[name]), kind, content)
-            return None
-        return self.inner.process_broadcast_element(value, ctx)
-
-
-def declared_states(function: BroadcastProcessFunction) -> dict[str, dict[str, Any]]:
-    """``{state: {"kind", "key_columns"}}`` of a function (stored in every checkpoint)."""
-    return {d.name: {"kind": "table" if d.table_shaped else "dict",
-                     "key_columns": list(d.key_columns)}
-            for d in function.state_descriptors()}
-
-
 # ============================================================================ driver side
 class SnapshottingRuntime(BroadcastRuntime):
     """A :class:`BroadcastRuntime` that checkpoints its task states to a
@@ -159,6 +65,9 @@ class SnapshottingRuntime(BroadcastRuntime):
     build from the full tables). ``checkpointer``: when to checkpoint in a pipeline
     (:meth:`after_commit`), which checkpoints belong to the current lineage, retention;
     without one the runtime checkpoints only when :meth:`checkpoint` is called.
+    ``engine``: a ``"python"`` :class:`~lakecast.runtime.engine.EngineChoice` (what
+    :mod:`lakecast.build` chose); without one, why the state is in the Python workers is
+    said here (:func:`~lakecast.runtime.engine.python_engine`).
     """
 
     def __init__(
@@ -172,12 +81,19 @@ class SnapshottingRuntime(BroadcastRuntime):
         restore: bool = True,
         function_id: str | None = None,
         checkpointer: Checkpointer | None = None,
+        engine: EngineChoice | None = None,
         **options: Any,
     ) -> None:
         self.user_function = function
         fid = function_id or f"{type(function).__qualname__}-{uuid.uuid4().hex[:12]}"
+        if engine is None:
+            engine = python_engine(function, execution=options.pop("execution", "tasks"),
+                                   jvm_lookups=options.pop("jvm_lookups", None))
+        if not engine.python_state:
+            raise ValueError(f"a SnapshottingRuntime checkpoints the Python workers' state; "
+                             f"the {engine.engine!r} engine keeps none ({engine.reason})")
         super().__init__(spark, SnapshotAware(function), tables, function_id=fid,
-                         parallelism=parallelism, **options)
+                         parallelism=parallelism, engine=engine, **options)
         self.store = store
         self.restore = restore
         self.checkpointer = checkpointer
@@ -276,15 +192,7 @@ class SnapshottingRuntime(BroadcastRuntime):
 
     def task_manifest(self, parallelism: int | None = None) -> list[ManifestRow]:
         """Each of ``p`` tasks hashes its task-local state (one Spark job, no write)."""
-        p = parallelism or self.task_parallelism
-        plan = self.task_plan()
-        rows = (self.spark.range(0, p, 1, p)
-                .mapInArrow(manifest_task(plan), MANIFEST_SCHEMA).collect())
-        return sorted((ManifestRow(r["task"], r["state"], r["content_hash"], r["n_entries"],
-                                   {"bytes": r["bytes"], "schema": r["schema"], "pid": r["pid"],
-                                    "cache": r["cache"], "state_bytes": r["state_bytes"],
-                                    "rows": r["rows"]})
-                       for r in rows), key=lambda m: (m.task, m.state))
+        return task_manifest(self.spark, self.task_plan(), parallelism or self.task_parallelism)
 
     def checkpoint(
         self,
@@ -304,70 +212,34 @@ class SnapshottingRuntime(BroadcastRuntime):
         return self._write_checkpoint(self._capture(p), checkpoint_id, batch_id,
                                       events_start, events_end, manifest)
 
-    def _capture(self, parallelism: int) -> _Captured:
+    def _capture(self, parallelism: int) -> Captured:
         """What a checkpoint of the current state needs, fixed now (a checkpoint taken in
         the background must not see the state the next batches move to)."""
-        return _Captured(self.task_plan(), dict(self.version), parallelism,
+        return Captured(self.task_plan(), dict(self.version), parallelism,
                          {t: schema_to_b64(s) for t, s in self.table_schemas.items()})
 
-    def _write_checkpoint(self, at: _Captured, checkpoint_id: int, batch_id: int,
+    def _write_checkpoint(self, at: Captured, checkpoint_id: int, batch_id: int,
                           events_start: int, events_end: int,
                           manifest: list[ManifestRow]) -> CheckpointResult:
         """The content job and the one Delta commit of a checkpoint of state ``at``."""
-        from lakecast.delta import io as delta_io
-
-        p = at.parallelism
-        states = declared_states(self.user_function)
-        writers = self.check_divergence(manifest, p, checkpoint_id)
-        created = now_ms()
-        header = CheckpointHeader(
-            checkpoint_id=checkpoint_id, pipeline=self.store.pipeline, batch_id=batch_id,
-            events_start=events_start, events_end=events_end,
-            state_version=at.version, parallelism=p, states=states,
-            table_schemas=at.schemas,
-            function=f"{type(self.user_function).__module__}."
-                     f"{type(self.user_function).__qualname__}",
-            created_at_ms=created, format=FORMAT,
-        )
-        content = (self.spark.range(0, p, 1, p)
-                   .mapInArrow(content_task(at.plan, checkpoint_id, writers, created),
-                               _spark_schema()))
-        rows = content.unionByName(self.store.small_rows(header, manifest))
-        version = self.store.write(header, rows)
-        info = delta_io.commit_info(self.store.path, version, self.spark)
-        stored = int(info.metrics.get("numOutputBytes", 0))
-        task0 = [m for m in manifest if m.task == 0]
-        return CheckpointResult(
-            header, manifest, version, stored, sum(int(m.meta["bytes"]) for m in task0),
-            len({m.content_hash for m in manifest}), sorted({m.meta["pid"] for m in manifest}),
-        )
+        fn = self.user_function
+        return write_checkpoint(
+            self.spark, self.store, at, declared_states(fn),
+            f"{type(fn).__module__}.{type(fn).__qualname__}", checkpoint_id,
+            batch_id=batch_id, events_start=events_start, events_end=events_end,
+            manifest=manifest)
 
     def check_divergence(self, manifest: Sequence[ManifestRow], p: int, checkpoint_id: int,
                          batch_id: int | None = None) -> dict[str, tuple[int, str]]:
         """Every task reported every state with one hash per state, or raise (naming the
         state and which tasks hold which hash); returns state -> (writer task, hash)."""
-        states = declared_states(self.user_function)
-        got = {(m.task, m.state) for m in manifest}
-        missing = [(t, s) for t in range(p) for s in states if (t, s) not in got]
-        if missing:
-            raise SnapshotError(f"checkpoint {checkpoint_id}: tasks did not report {missing}")
-        writers: dict[str, tuple[int, str]] = {}
-        for s in states:
-            by_hash: dict[str, list[int]] = {}
-            for m in manifest:
-                if m.state == s:
-                    by_hash.setdefault(m.content_hash, []).append(m.task)
-            if len(by_hash) > 1:
-                raise CheckpointDivergenceError(
-                    s, by_hash, checkpoint_id, batch_id=batch_id,
-                    pipeline=self.store.pipeline if batch_id is not None else None)
-            (digest, tasks), = by_hash.items()
-            writers[s] = (min(tasks), digest)
-        return writers
+        return check_divergence(
+            manifest, declared_states(self.user_function), p, checkpoint_id,
+            batch_id=batch_id, pipeline=self.store.pipeline if batch_id is not None else None)
 
     # -- the runtime contract's hooks (lakecast.pipeline.contract.BatchRuntime) ---------
     # -- checkpoints in the background -------------------------------------------------
-    def defer_checkpoints(self) -> None:
+    def defer_checkpoints(self) -> bool:
         """Take each due checkpoint in a background thread from now on, so the next batches
         do not wait for it (a continuous run); the check that every task holds the same
         state (:meth:`before_commit`) still runs before the batch is written. No second
@@ -376,6 +248,7 @@ class SnapshottingRuntime(BroadcastRuntime):
         no checkpoint (one Delta commit holds all of it): restore uses the one before."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="lakecast-checkpoint")
+        return True
 
     def settle(self) -> Mapping[str, Any] | None:
         """Wait for a checkpoint taken in the background; its summary (``None``: none
@@ -479,19 +352,3 @@ class SnapshottingRuntime(BroadcastRuntime):
         self.request_restore(plan.restore_of)
         if self.checkpointer is not None:
             self.checkpointer.sync()
-
-
-@dataclass(frozen=True)
-class _Captured:
-    """The state a checkpoint writes, fixed when it is due."""
-
-    plan: TaskPlan
-    version: dict[str, int]
-    parallelism: int
-    schemas: dict[str, str]
-
-
-def _spark_schema() -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(ENTRY_ARROW)

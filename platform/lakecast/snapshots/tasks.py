@@ -17,7 +17,7 @@ import pyarrow as pa
 from lakecast.runtime.tasks import TaskPlan, acquire, cached_executor
 from lakecast.snapshots.codec import SerializedState, serialize_state
 from lakecast.snapshots.errors import CheckpointDivergenceError
-from lakecast.snapshots.store import ENTRY
+from lakecast.snapshots.table import ENTRY
 
 # ============================================================================ task side
 #: per worker: (function id, chain key, id(store)) -> serialized states (reused by the

@@ -12,7 +12,7 @@ batch's own broadcast versions: must reproduce the output exactly; exit code 1 w
 does not), ``latest`` or a UTC timestamp. Rows go to ``--into`` (default
 ``<output>_replay``), replaced by each replay; a keyed pipeline's replay starts from its
 keyed state as of the batch before ``--from``, copied to ``<into>_keyed_state``. See
-:mod:`lakecast.pipeline.replay`.
+:mod:`lakecast.replay.batches`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ MISMATCH = 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from lakecast.pipeline import replay as rp
+    from lakecast.replay import batches as rp
     from lakecast.spark import get_spark
     from lakecast.tools.registry import find_pipeline
 

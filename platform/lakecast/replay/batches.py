@@ -19,7 +19,7 @@ not its outputs, its progress log, its checkpoints or its keyed state table. A r
 runs a fresh runtime (its own worker cache), collects each batch to the driver (Arrow)
 and writes it with delta-rs.
 
-Keyed pipelines (:mod:`.replay_keyed`) start from their keyed state as of the batch
+Keyed pipelines (:mod:`lakecast.replay.keyed`) start from their keyed state as of the batch
 before ``first`` (empty for the first batch), copied into the scratch table
 ``<into>_keyed_state`` (replaced by each replay), which the replay advances batch by
 batch. With ``latest`` or a timestamp, that state (built by the original broadcast
@@ -42,7 +42,7 @@ from lakecast.errors import LakecastError
 from lakecast.pipeline.held import HELD_SIDE
 from lakecast.pipeline.micro_batch import REASON_COLUMN, MicroBatchPipeline
 from lakecast.pipeline.progress import MAIN_COUNT, BatchCommit, BatchPlan
-from lakecast.pipeline.replay_keyed import STATE_SUFFIX, KeyedReplay, start_meta
+from lakecast.replay.keyed import STATE_SUFFIX, KeyedReplay, start_meta
 from lakecast.runtime.broadcast import BroadcastRuntime
 from lakecast.runtime.keyed import KeyedBroadcastRuntime
 
