@@ -31,16 +31,8 @@ from xml.sax.saxutils import escape
 
 from lakecast.config import Settings
 from lakecast.errors import ConfigError, SetupError
+from lakecast.secret_keys import SECRET_KEY
 
-#: a setting that holds a secret, recognised by what it is: what Spark itself redacts
-#: (``spark.redaction.regex``: secret, password, token, access key), credentials and their
-#: providers (``fs.s3a.aws.credentials.provider``, ``hadoop.security.credential.provider.
-#: path``), keys of any kind (``fs.s3a.encryption.key``, ``fs.azure.account.key.<acct>``,
-#: a private key, a name ending in ``.key``), SAS and OAuth client secrets, passphrases
-SECRET_KEY = re.compile(
-    r"(?i)secret|passw(or)?d|passphrase|token|credential|signature|key[._-]?file|"
-    r"(access|account|private|encryption|client|api|master|storage|sas)[._-]?key|"
-    r"(^|[._-])(key|sas)([._-]|$)|\.sas\.|oauth2?[._-]client")
 #: a token is sent as gRPC metadata and a ``;token=`` URL parameter
 _TOKEN = re.compile(r"[A-Za-z0-9._~-]{16,512}")
 _HADOOP = "spark.hadoop."
