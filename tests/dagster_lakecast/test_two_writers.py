@@ -1,14 +1,19 @@
-"""Two runs of one pipeline started at once, on a persistent Dagster instance (a SQLite
-``DAGSTER_HOME`` in the test's folder): both are running when they reach the pipeline,
-the one that started first writes, the other is refused with a message naming the first
-run, before it writes anything; the output holds every event exactly once (pandas count).
-The same holds between the micro-batch job and the continuous job."""
+"""Two runs of one pipeline running at once, on a persistent Dagster instance (a SQLite
+``DAGSTER_HOME`` in the test's folder): the one that started first writes, a later one is
+refused with a message naming the first run, before it writes anything, and a run that
+started later never refuses the earlier one (before, two runs that saw each other both
+stopped); the output holds every event exactly once (pandas count). The same holds
+between the micro-batch job and the continuous job. The other run is a run of the
+instance reported STARTED (its start event) as a second process would: two
+``execute_in_process`` runs in threads of one process deadlock in Dagster itself."""
 
-import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import dagster as dg
 import pandas as pd
+import pytest
 from deltalake import DeltaTable
 
 from dagster_lakecast import (
@@ -19,6 +24,7 @@ from dagster_lakecast import (
     run_pipeline,
 )
 from dagster_lakecast.continuous import declare_continuous
+from dagster_lakecast.runs import writing_before
 from lakecast.config import Settings
 from tests.dagster_lakecast.test_run_seam import reference, write_inputs
 from tests.newuser.project.fx import ToEur
@@ -28,16 +34,16 @@ FX = PipelineDeclaration(name="fx", function=ToEur, events_table="payments",
                          side_outputs={"unmatched": "payments_unmatched"}, parallelism=2)
 
 
-def _job(gate: threading.Barrier | threading.Event | None) -> dg.JobDefinition:
-    """The pipeline's micro-batch job (its own name, so the runs are its writers'); with
-    ``gate``, each run waits there, already STARTED (for a barrier: until the other run
-    is too; for an event: until it is set)."""
+def _job(before: Callable[[dg.AssetExecutionContext], None] | None = None
+         ) -> dg.JobDefinition:
+    """The pipeline's micro-batch job (its own name, so its runs are the pipeline's
+    writers); ``before`` runs in its step, the run STARTED, before the pipeline's."""
 
     @dg.multi_asset(specs=output_specs(FX), can_subset=False)
     def payments_in_eur(context: dg.AssetExecutionContext, pyspark: LakecastSparkResource,
                         lake: LakeResource):
-        if gate is not None:
-            gate.wait(timeout=120)
+        if before is not None:
+            before(context)
         yield from run_pipeline(context, FX, pyspark, lake)
 
     defs = dg.Definitions(
@@ -45,6 +51,25 @@ def _job(gate: threading.Barrier | threading.Event | None) -> dg.JobDefinition:
         jobs=[dg.define_asset_job(FX.job_name, selection=[payments_in_eur])],
         resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()})
     return defs.resolve_job_def(FX.job_name)
+
+
+def _started(instance: dg.DagsterInstance, job: str, at: float) -> str:
+    """A run of ``job`` that started at ``at`` (its RUN_START event), as another process
+    running it reports; its run id."""
+    run = instance.add_run(dg.DagsterRun(job_name=job, status=dg.DagsterRunStatus.NOT_STARTED))
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=job),
+        run.run_id, timestamp=at)
+    record = instance.get_run_record_by_id(run.run_id)
+    assert record.dagster_run.status == dg.DagsterRunStatus.STARTED
+    assert record.start_time == pytest.approx(at)
+    return run.run_id
+
+
+def _ended(instance: dg.DagsterInstance, run_id: str, job: str) -> None:
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_SUCCESS.value, job_name=job),
+        run_id)
 
 
 def _failure(result: dg.ExecuteInProcessResult) -> str:
@@ -66,76 +91,59 @@ def _assert_once(lake: Settings, new: pd.DataFrame) -> None:
     assert len(got) + len(unmatched) == len(new)
 
 
-def test_two_launches_at_once_one_writes_the_other_is_refused(spark, lake: Settings):
+def test_two_launches_the_first_started_writes_the_later_is_refused(spark, lake: Settings):
     new = write_inputs(lake, 0)
-    job = _job(threading.Barrier(2))
-    results: dict[int, dg.ExecuteInProcessResult] = {}
-    errors: list[BaseException] = []
     with dg.DagsterInstance.get() as instance:  # the lake's DAGSTER_HOME (SQLite, on disk)
         assert not instance.is_ephemeral
+        first = _started(instance, FX.job_name, time.time() - 5)
+        refused = _job().execute_in_process(instance=instance, raise_on_error=False)
+        assert not refused.success
+        message = _failure(refused)
+        assert f"run {first} of {FX.job_name}" in message and "one writer at a time" in message
+        # refused before anything was written: no output, no progress log, no event of it
+        assert _materialized(refused) == 0
+        assert not Path(lake.table_path("payments_eur")).exists()
+        assert not any(Path(lake.checkpoint_root).rglob("*.json"))
+        _ended(instance, first, FX.job_name)
+        # a run that started after this one is running too: it waits its turn, this one
+        # writes (before, each of the two saw the other and both were refused)
+        later = _started(instance, FX.job_name, time.time() + 3600)
+        seen: list[list[str]] = []
 
-        def launch(i: int) -> None:
-            try:
-                results[i] = job.execute_in_process(instance=instance, raise_on_error=False)
-            except BaseException as e:  # reported below
-                errors.append(e)
+        def check(context: dg.AssetExecutionContext) -> None:
+            seen.append([r.run_id for r in writing_before(instance, later, FX.writers)])
 
-        threads = [threading.Thread(target=launch, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-        assert not errors and len(results) == 2, errors
-        ok = [r for r in results.values() if r.success]
-        refused = [r for r in results.values() if not r.success]
-        assert len(ok) == 1 and len(refused) == 1, [r.success for r in results.values()]
-        winner, loser = ok[0], refused[0]
-        # the first to start is the writer; the later one names it
-        start = {r.run_id: instance.get_run_record_by_id(r.run_id).start_time
-                 for r in (winner, loser)}
-        assert start[winner.run_id] <= start[loser.run_id]
-        message = _failure(loser)
-        assert f"run {winner.run_id} of {FX.job_name}" in message, message
-        assert "one writer at a time" in message
-        assert _materialized(loser) == 0 and _materialized(winner) == 2
+        writer = _job(check).execute_in_process(instance=instance)
+        assert writer.success and _materialized(writer) == 2
+        assert seen == [[writer.run_id]]  # the later run would be refused naming it
+        _ended(instance, later, FX.job_name)
     _assert_once(lake, new)
-    # a later launch finds nothing new: still exactly once
-    with dg.DagsterInstance.get() as instance:
-        assert _job(None).execute_in_process(instance=instance).success
+    with dg.DagsterInstance.get() as instance:  # a later launch: nothing new, still once
+        assert _job().execute_in_process(instance=instance).success
     _assert_once(lake, new)
 
 
 def test_the_continuous_job_and_the_micro_batch_job_are_exclusive(spark, lake: Settings):
     new = write_inputs(lake, 100)
-    go = threading.Event()
     continuous = dg.Definitions(
         jobs=[declare_continuous(FX)],
         resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
     ).resolve_job_def(FX.continuous_job_name)
-    out: dict[str, dg.ExecuteInProcessResult] = {}
+    config = {"ops": {f"{FX.name}_continuous_loop": {"config": {"max_seconds": 5.0}}}}
     with dg.DagsterInstance.get() as instance:
-
-        def micro() -> None:  # held, already running, until the continuous run ended
-            out["micro"] = _job(go).execute_in_process(instance=instance,
-                                                       raise_on_error=False)
-
-        thread = threading.Thread(target=micro)
-        thread.start()
-        deadline = time.monotonic() + 120
-        while not instance.get_runs(dg.RunsFilter(job_name=FX.job_name,
-                                                  statuses=[dg.DagsterRunStatus.STARTED])):
-            assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.05)
-        config = {"ops": {f"{FX.name}_continuous_loop": {"config": {"max_seconds": 20.0}}}}
-        try:
-            out["cont"] = continuous.execute_in_process(instance=instance, run_config=config,
-                                                        raise_on_error=False)
-        finally:
-            go.set()
-            thread.join(timeout=300)
-        micro_run, cont_run = out["micro"], out["cont"]
-        assert micro_run.success
-        assert not cont_run.success and _materialized(cont_run) == 0
-        message = _failure(cont_run)
-        assert f"run {micro_run.run_id} of {FX.job_name}" in message, message
+        # the sensor's micro-batch run is writing: the continuous run is refused
+        micro = _started(instance, FX.job_name, time.time() - 5)
+        cont = continuous.execute_in_process(instance=instance, run_config=config,
+                                             raise_on_error=False)
+        assert not cont.success and _materialized(cont) == 0
+        assert f"run {micro} of {FX.job_name}" in _failure(cont)
+        _ended(instance, micro, FX.job_name)
+        # the continuous job is running: a micro-batch launch is refused
+        loop = _started(instance, FX.continuous_job_name, time.time() - 5)
+        refused = _job().execute_in_process(instance=instance, raise_on_error=False)
+        assert not refused.success
+        assert f"run {loop} of {FX.continuous_job_name}" in _failure(refused)
+        assert not Path(lake.table_path("payments_eur")).exists()
+        _ended(instance, loop, FX.continuous_job_name)
+        assert _job().execute_in_process(instance=instance).success
     _assert_once(lake, new)
