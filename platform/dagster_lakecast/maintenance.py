@@ -65,7 +65,7 @@ from dagster_lakecast.maintenance_tables import (
     scheduled_run_config,
 )
 from dagster_lakecast.resources import LakecastSparkResource, LakeResource
-from dagster_lakecast.runs import RUNNING, SecondWriterError, active_runs
+from dagster_lakecast.runs import SecondWriterError, active_runs, writing_before
 from dagster_lakecast.tags import EXCLUSIVE_TAG
 from dagster_lakecast.translator import DagsterLakecastTranslator
 from lakecast.config import Settings, get_settings
@@ -160,8 +160,7 @@ def rolled_back_retention(table: MaintainedTable, path: str, config: Maintenance
 def refuse_beside_micro_batches(context: OpExecutionContext, pipe: PipelineHandle
                                 ) -> None:
     """Fail (nothing touched) while a micro-batch run of the pipeline writes."""
-    others = active_runs(context.instance, pipe.writers,
-                         RUNNING, exclude_run_id=context.run_id)
+    others = writing_before(context.instance, context.run_id, pipe.writers)
     if others:
         raise SecondWriterError(description=(
             f"{pipe.maintenance_job_name} refused: run {others[0].run_id} of "

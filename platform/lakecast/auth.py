@@ -31,16 +31,8 @@ from xml.sax.saxutils import escape
 
 from lakecast.config import Settings
 from lakecast.errors import ConfigError, SetupError
+from lakecast.secret_keys import SECRET_KEY
 
-#: a setting that holds a secret, recognised by what it is: what Spark itself redacts
-#: (``spark.redaction.regex``: secret, password, token, access key), credentials and their
-#: providers (``fs.s3a.aws.credentials.provider``, ``hadoop.security.credential.provider.
-#: path``), keys of any kind (``fs.s3a.encryption.key``, ``fs.azure.account.key.<acct>``,
-#: a private key, a name ending in ``.key``), SAS and OAuth client secrets, passphrases
-SECRET_KEY = re.compile(
-    r"(?i)secret|passw(or)?d|passphrase|token|credential|signature|key[._-]?file|"
-    r"(access|account|private|encryption|client|api|master|storage|sas)[._-]?key|"
-    r"(^|[._-])(key|sas)([._-]|$)|\.sas\.|oauth2?[._-]client")
 #: a token is sent as gRPC metadata and a ``;token=`` URL parameter
 _TOKEN = re.compile(r"[A-Za-z0-9._~-]{16,512}")
 _HADOOP = "spark.hadoop."
@@ -225,7 +217,7 @@ def split_secrets(conf: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]
     looks secret is refused: every client of the server could read it back."""
     public, hidden = {}, {}
     for k, v in conf.items():
-        if not SECRET_KEY.search(k):
+        if not SECRET_KEY.search(k) or (k, v) == (SPARK_AUTH_SECRET, SECRET_IN_ENV):
             public[k] = v
         elif k.startswith(_HADOOP):
             hidden[k.removeprefix(_HADOOP)] = v
@@ -247,3 +239,57 @@ def write_hadoop_site(folder: Path, hadoop: dict[str, str]) -> Path:
     _write_private(folder / "core-site.xml",
                    f'<?xml version="1.0"?>\n<configuration>\n{props}</configuration>\n')
     return folder
+
+
+# -- the local cluster's shared secret (spark.authenticate) ---------------------------
+#: Spark's variable for the shared secret (``SecurityManager.ENV_AUTH_SECRET``). In Spark
+#: 4.2 a standalone master, worker or driver takes the secret from it, else from
+#: ``spark.authenticate.secret``; ``spark.authenticate.secret.file`` is Kubernetes-only
+#: ("Secret keys provided via files is only allowed in Kubernetes mode").
+CLUSTER_SECRET_ENV = "_SPARK_AUTH_SECRET"
+SPARK_AUTH_SECRET = "spark.authenticate.secret"
+#: a standalone driver's ``spark.authenticate.secret``: Spark requires the key on it
+#: (``SecurityManager.initializeAuth``) but reads :data:`CLUSTER_SECRET_ENV` first, so
+#: the conf (which every session and the UI expose) holds no secret
+SECRET_IN_ENV = f"env:{CLUSTER_SECRET_ENV}"
+
+
+def cluster_folder(settings: Settings) -> Path:
+    """The local cluster's folder (``var/cluster/``): secret, logs, pids, work dirs."""
+    return settings.var_dir / "cluster"
+
+
+def cluster_secret_file(settings: Settings, port: int) -> Path:
+    """The shared secret of the local cluster whose master listens on ``port`` (0600)."""
+    return cluster_folder(settings) / f"secret-{port}"
+
+
+def ensure_cluster_secret(settings: Settings, port: int) -> str:
+    """The cluster's secret; generated (256 random bits, mode 0600) when there is none."""
+    path = cluster_secret_file(settings, port)
+    if not path.exists():
+        private_folder(path.parent)
+        _write_private(path, secrets.token_hex(32) + "\n", exclusive=True)
+    _check_private(path)
+    return path.read_text().strip()
+
+
+def cluster_secret(settings: Settings, master: str) -> str | None:
+    """The secret of ``master`` when it is this project's local cluster (a loopback
+    ``spark://host:port`` with a secret file), else ``None``."""
+    m = re.fullmatch(r"spark://\[?([^\]/,]+?)\]?:(\d+)/?", master.strip())
+    if m is None or not is_loopback(m.group(1)):
+        return None
+    path = cluster_secret_file(settings, int(m.group(2)))
+    return ensure_cluster_secret(settings, int(m.group(2))) if path.exists() else None
+
+
+def cluster_auth(settings: Settings, master: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The Spark conf and the environment of a driver whose master is ``master``: for the
+    local cluster, ``spark.authenticate`` on and the secret in the JVM's environment
+    (never in its conf or on its command line); nothing for any other master."""
+    secret = cluster_secret(settings, master)
+    if secret is None:
+        return {}, {}
+    return ({"spark.authenticate": "true", SPARK_AUTH_SECRET: SECRET_IN_ENV},
+            {CLUSTER_SECRET_ENV: secret})

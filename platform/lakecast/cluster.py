@@ -12,6 +12,14 @@ workers' work dirs live in ``var/cluster/``. Ports: the master on
 on ``port + 1 + i``; the server on ``LAKECAST_SERVER_PORT`` (15002). Every process is
 started in a session of its own, so ``down`` stops it with everything it forked
 (executors, Python workers) and checks that nothing is left.
+
+Only Lakecast's own applications get in: the master, the workers and every driver
+Lakecast starts on the cluster (the server, an in-process session whose
+``LAKECAST_SPARK_MASTER`` is the cluster) run with ``spark.authenticate`` and one shared
+secret, generated at the first ``up`` into ``var/cluster/secret-<port>`` (mode 0600,
+like the server's token; :mod:`lakecast.auth`). The secret reaches each JVM in its
+environment (Spark's ``_SPARK_AUTH_SECRET``; executors get it from their worker), never on
+a command line or in a Spark conf; an application without it is refused by the master.
 """
 
 from __future__ import annotations
@@ -24,6 +32,12 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from lakecast.auth import (
+    CLUSTER_SECRET_ENV,
+    cluster_folder,
+    ensure_cluster_secret,
+    private_folder,
+)
 from lakecast.config import DEFAULT_CLUSTER_PORT, DEFAULT_SERVER_PORT, Settings, get_settings
 from lakecast.errors import SetupError
 from lakecast.processes import alive, listening, session_members, stop_sessions, tail
@@ -67,7 +81,7 @@ class Cluster:
 
     @property
     def folder(self) -> Path:
-        return self.settings.var_dir / "cluster"
+        return cluster_folder(self.settings)
 
     def pid_file(self, name: str) -> Path:
         return self.folder / f"{name}-{self.port}.pid"
@@ -166,13 +180,19 @@ class Cluster:
                     "SPARK_LOCAL_HOSTNAME": self.host})
         for k in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
             env.pop(k, None)
+        # spark.authenticate with the cluster's secret (a daemon takes it from the variable)
+        env[CLUSTER_SECRET_ENV] = ensure_cluster_secret(self.settings, self.port)
+        for opts in ("SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS"):
+            env[opts] = f"{env.get(opts, '')} -Dspark.authenticate=true".strip()
+        # no REST submission server (port 6066): it takes applications without the secret
+        env["SPARK_MASTER_OPTS"] += " -Dspark.master.rest.enabled=false"
         return env
 
     def _spawn(self, name: str, args: list[str]) -> int:
         import pyspark
 
         cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-class"), *args]
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_folder(self.folder)
         with open(self.log_file(name), "ab") as log:
             proc = subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,

@@ -67,6 +67,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from lakecast.errors import ConfigError
+from lakecast.secret_keys import shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -177,7 +178,8 @@ def parse_conf_pairs(text: str) -> dict[str, str]:
         if not item or item.startswith("#"):
             continue
         if "=" not in item:
-            raise ConfigError(f"LAKECAST_SPARK_CONF entry {item!r} is not of the form key=value")
+            raise ConfigError(f"LAKECAST_SPARK_CONF entry {shown(item)} is not of the form "
+                              f"key=value")
         k, v = item.split("=", 1)
         out[k.strip()] = v.strip()
     return out
@@ -192,7 +194,7 @@ def parse_spark_defaults(path: Path) -> dict[str, str]:
             continue
         parts = line.split(None, 1) if "=" not in line.split(None, 1)[0] else line.split("=", 1)
         if len(parts) != 2:
-            raise ConfigError(f"{path}:{lineno}: expected 'key value', got {raw!r}")
+            raise ConfigError(f"{path}:{lineno}: expected 'key value', got {shown(raw)}")
         out[parts[0].strip()] = parts[1].strip()
     return out
 

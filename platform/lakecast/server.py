@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakecast.auth import (
+    CLUSTER_SECRET_ENV,
     ensure_token,
     is_loopback,
     operator_token,
@@ -44,7 +45,7 @@ from lakecast.auth import (
 )
 from lakecast.config import DEFAULT_SERVER_PORT, Settings, get_settings
 from lakecast.errors import SetupError
-from lakecast.spark_conf import build_conf, check_java, python_env
+from lakecast.spark_conf import build_conf, check_java, driver_env, python_env
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = DEFAULT_SERVER_PORT
@@ -165,9 +166,9 @@ class Server:
 
     def env(self) -> dict[str, str]:
         """The server's environment: Java, Python workers on this interpreter with the
-        project on their path, loopback addresses, the token (created if there is none)
-        and, when the Spark conf has secret Hadoop settings, the Hadoop configuration
-        folder that holds them."""
+        project on their path, loopback addresses, the token (created if there is none),
+        the local cluster's secret when the master is that cluster and, when the Spark
+        conf has secret Hadoop settings, the Hadoop configuration folder that holds them."""
         import pyspark
 
         env = dict(os.environ)
@@ -176,8 +177,10 @@ class Server:
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         env.pop("SPARK_CONNECT_MODE_ENABLED", None)
         env.pop("SPARK_REMOTE", None)
+        env.pop(CLUSTER_SECRET_ENV, None)
         env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = ensure_token(self.settings)
-        hidden = self._conf()[1]
+        conf, hidden = self._conf()
+        env.update(driver_env(self.settings, conf))  # the local cluster's secret
         if hidden:
             if env.get("HADOOP_CONF_DIR"):
                 raise ServerError(

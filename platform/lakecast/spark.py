@@ -38,6 +38,7 @@ from lakecast.spark_conf import (
     DEFAULT_APP_NAME,
     build_conf,
     check_java,
+    driver_env,
     python_env,
     s3a_hadoop_conf,
 )
@@ -96,9 +97,25 @@ def _classic(settings: Settings, overrides: dict[str, str], app_name: str) -> Sp
     builder = SparkSession.builder.appName(app_name)
     for k, v in conf.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    with _jvm_env(driver_env(settings, conf)):  # the JVM inherits it; Python keeps none
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextmanager
+def _jvm_env(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in ``os.environ`` while the block starts the driver JVM, then removed."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _set_s3a_conf(spark: SparkSession, settings: Settings) -> None:

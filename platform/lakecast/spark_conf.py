@@ -5,7 +5,9 @@ Lakecast Spark server (:mod:`lakecast.server`, Spark Connect). Precedence: built
 defaults < the package's ``defaults/spark-defaults.conf`` (or ``LAKECAST_SPARK_CONF_FILE``) <
 ``LAKECAST_SPARK_CONF`` < ``LAKECAST_SPARK_MASTER`` < code overrides. Spark starts from
 the local JAR folder only (``spark.jars``; ``spark.jars.packages`` is refused), plus the
-JVM lookup's JAR when ``lakecast setup`` built it (:mod:`lakecast.jvm.build`).
+JVM lookup's JAR when ``lakecast setup`` built it (:mod:`lakecast.jvm.build`). A driver
+of the local standalone cluster (:mod:`lakecast.cluster`) authenticates with its secret
+(``spark.authenticate``; the secret in the JVM's environment, :func:`driver_env`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from lakecast.auth import cluster_auth
 from lakecast.config import Settings, get_settings, parse_spark_defaults
 from lakecast.errors import ConfigError, SetupError
 from lakecast.jars import local_jars
@@ -70,6 +73,7 @@ def build_conf(settings: Settings, overrides: dict[str, str] | None = None) -> d
     if settings.spark_master:
         conf["spark.master"] = settings.spark_master
     conf.update({k: str(v) for k, v in (overrides or {}).items()})
+    conf.update(cluster_auth(settings, conf["spark.master"])[0])
     bad = [k for k in _FORBIDDEN if k in conf]
     if bad:
         raise ConfigError(
@@ -105,6 +109,12 @@ def s3a_hadoop_conf(settings: Settings | None = None) -> dict[str, str]:
     conf = {**conf, **settings.spark_conf}
     prefix = "spark.hadoop.fs.s3a."
     return {k.removeprefix("spark.hadoop."): v for k, v in conf.items() if k.startswith(prefix)}
+
+
+def driver_env(settings: Settings, conf: dict[str, str]) -> dict[str, str]:
+    """What a driver JVM with ``conf`` needs in its environment besides
+    :func:`python_env`: the local cluster's secret when its master is the cluster."""
+    return cluster_auth(settings, conf.get("spark.master", ""))[1]
 
 
 def python_env(settings: Settings) -> dict[str, str]:

@@ -4,6 +4,7 @@ kill a worker while they do)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -43,6 +44,45 @@ def listening(pids: list[int]) -> list[tuple[str, str]]:
     wanted = {f"pid={p}," for p in pids}
     return [(line.split()[3], line) for line in out.splitlines()
             if any(w in line for w in wanted)]
+
+
+def proc_listeners(pids: list[int]) -> list[tuple[str, int, int]]:
+    """``(address, port, pid)`` of every TCP socket the processes listen on, read from the
+    kernel: ``/proc/net/tcp{,6}`` (state 0A, LISTEN) joined with the socket inodes of
+    each process's ``/proc/<pid>/fd``."""
+    listen: dict[str, tuple[str, int]] = {}  # inode -> (address, port)
+    for name, size in (("tcp", 4), ("tcp6", 16)):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A":
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            # the kernel prints the address as 32-bit words in host (little-endian) order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, size, 4))
+            listen[fields[9]] = (str(ipaddress.ip_address(words)), int(hex_port, 16))
+    out = []
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            inode = target.removeprefix("socket:[").removesuffix("]")
+            if target.startswith("socket:[") and inode in listen:
+                out.append((*listen[inode], pid))
+    return sorted(set(out))
+
+
+def on_loopback(address: str) -> bool:
+    """Whether an address from :func:`proc_listeners` is loopback (IPv4-mapped too)."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def is_loopback(address: str) -> bool:

@@ -59,6 +59,7 @@ from lakecast.pipeline.progress import (
 )
 from lakecast.pipeline.rewind import finish_rewind
 from lakecast.pipeline.spec import PipelineSpec as PipelineSpec
+from lakecast.pipeline.task_errors import translated
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -483,7 +484,13 @@ class MicroBatchPipeline:
                 continue
             if before_batch is not None:
                 before_batch(plan)
-            result = self.run_batch(plan, redone)
+            try:
+                result = self.run_batch(plan, redone)
+            except Exception as e:  # a known cause: one line, the trace in the Spark log
+                known = translated(e, self.spec.name, plan.batch_id, plan.broadcast_versions)
+                if known is None:
+                    raise
+                raise known from None
             results.append(result)
             if on_batch is not None:
                 on_batch(result)

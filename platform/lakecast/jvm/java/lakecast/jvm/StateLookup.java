@@ -80,6 +80,8 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             lines = Files.readAllLines(Paths.get(manifest));
         } catch (NoSuchFileException e) {
             throw missing("manifest", manifest);
+        } catch (IOException e) {
+            throw unreadable("manifest", manifest, e);
         }
         if (lines.isEmpty()) {
             throw new IOException("empty Lakecast state manifest " + manifest);
@@ -93,13 +95,29 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
         return lineage.at(lines.subList(1, lines.size()));
     }
 
+    /** The start of every state error's message (the driver translates them). */
+    static final String STATE_ERROR = "Lakecast JVM lookup state ";
+
     /** The error of a state file or manifest gone while a job needed it. */
     static IOException missing(String what, String path) {
-        return new IOException("Lakecast JVM lookup state " + what + " " + path
+        return new IOException(STATE_ERROR + what + " " + path
             + " is missing: the runtime that wrote it was closed or rebased while this job"
             + " ran, or its var/jvm-state folder was removed. Rerun the batch (its runtime"
             + " writes the state files again); executors must see the project's var/ folder,"
             + " or pass jvm_lookups=False to keep the state in the Python workers.");
+    }
+
+    /** The error of a state file or manifest that exists but cannot be read. */
+    static IOException unreadable(String what, String path, Exception cause) {
+        String why = String.valueOf(cause.getMessage()).split("\\R", 2)[0];
+        IOException e = new IOException(STATE_ERROR + what + " " + path
+            + " is unreadable (" + cause.getClass().getSimpleName() + ": " + why + "): it was"
+            + " damaged or its permissions changed after the driver wrote it. Remove the"
+            + " project's var/jvm-state folder and rerun the batch (its runtime writes the"
+            + " state files again), or pass jvm_lookups=False to keep the state in the Python"
+            + " workers.");
+        e.initCause(cause);
+        return e;
     }
 
     /** The state folder of a lineage ({@code <folder>|<table>}). */
@@ -290,6 +308,9 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
         try {
             return new FileInputStream(file);
         } catch (FileNotFoundException e) {
+            if (Files.exists(Paths.get(file))) {
+                throw unreadable("file", file, e);
+            }
             throw missing("file", file);
         }
     }
@@ -329,6 +350,11 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
                 reader.loadRecordBatch(block);
                 applyUpserts(rows, root, nKeys, full, interner);
             }
+        } catch (IOException | RuntimeException e) {
+            if (String.valueOf(e.getMessage()).startsWith(STATE_ERROR)) {
+                throw e;
+            }
+            throw unreadable("file", file, e);
         }
         return rows;
     }
