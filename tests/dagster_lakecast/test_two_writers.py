@@ -24,6 +24,7 @@ from dagster_lakecast import (
     run_pipeline,
 )
 from dagster_lakecast.continuous import declare_continuous
+from dagster_lakecast.handle import PipelineHandle
 from dagster_lakecast.runs import writing_before
 from lakecast.config import Settings
 from tests.dagster_lakecast.test_run_seam import reference, write_inputs
@@ -32,6 +33,7 @@ from tests.newuser.project.fx import ToEur
 FX = PipelineDeclaration(name="fx", function=ToEur, events_table="payments",
                          broadcast_tables=("fx_rates",), output_table="payments_eur",
                          side_outputs={"unmatched": "payments_unmatched"}, parallelism=2)
+FX_H = PipelineHandle.resolve(FX)
 
 
 def _job(before: Callable[[dg.AssetExecutionContext], None] | None = None
@@ -48,9 +50,9 @@ def _job(before: Callable[[dg.AssetExecutionContext], None] | None = None
 
     defs = dg.Definitions(
         assets=[payments_in_eur],
-        jobs=[dg.define_asset_job(FX.job_name, selection=[payments_in_eur])],
+        jobs=[dg.define_asset_job(FX_H.job_name, selection=[payments_in_eur])],
         resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()})
-    return defs.resolve_job_def(FX.job_name)
+    return defs.resolve_job_def(FX_H.job_name)
 
 
 def _started(instance: dg.DagsterInstance, job: str, at: float) -> str:
@@ -95,28 +97,28 @@ def test_two_launches_the_first_started_writes_the_later_is_refused(spark, lake:
     new = write_inputs(lake, 0)
     with dg.DagsterInstance.get() as instance:  # the lake's DAGSTER_HOME (SQLite, on disk)
         assert not instance.is_ephemeral
-        first = _started(instance, FX.job_name, time.time() - 5)
+        first = _started(instance, FX_H.job_name, time.time() - 5)
         refused = _job().execute_in_process(instance=instance, raise_on_error=False)
         assert not refused.success
         message = _failure(refused)
-        assert f"run {first} of {FX.job_name}" in message and "one writer at a time" in message
+        assert f"run {first} of {FX_H.job_name}" in message and "one writer at a time" in message
         # refused before anything was written: no output, no progress log, no event of it
         assert _materialized(refused) == 0
         assert not Path(lake.table_path("payments_eur")).exists()
         assert not any(Path(lake.checkpoint_root).rglob("*.json"))
-        _ended(instance, first, FX.job_name)
+        _ended(instance, first, FX_H.job_name)
         # a run that started after this one is running too: it waits its turn, this one
         # writes (before, each of the two saw the other and both were refused)
-        later = _started(instance, FX.job_name, time.time() + 3600)
+        later = _started(instance, FX_H.job_name, time.time() + 3600)
         seen: list[list[str]] = []
 
         def check(context: dg.AssetExecutionContext) -> None:
-            seen.append([r.run_id for r in writing_before(instance, later, FX.writers)])
+            seen.append([r.run_id for r in writing_before(instance, later, FX_H.writers)])
 
         writer = _job(check).execute_in_process(instance=instance)
         assert writer.success and _materialized(writer) == 2
         assert seen == [[writer.run_id]]  # the later run would be refused naming it
-        _ended(instance, later, FX.job_name)
+        _ended(instance, later, FX_H.job_name)
     _assert_once(lake, new)
     with dg.DagsterInstance.get() as instance:  # a later launch: nothing new, still once
         assert _job().execute_in_process(instance=instance).success
@@ -126,24 +128,24 @@ def test_two_launches_the_first_started_writes_the_later_is_refused(spark, lake:
 def test_the_continuous_job_and_the_micro_batch_job_are_exclusive(spark, lake: Settings):
     new = write_inputs(lake, 100)
     continuous = dg.Definitions(
-        jobs=[declare_continuous(FX)],
+        jobs=[declare_continuous(FX_H)],
         resources={"pyspark": LakecastSparkResource(), "lake": LakeResource()},
-    ).resolve_job_def(FX.continuous_job_name)
+    ).resolve_job_def(FX_H.continuous_job_name)
     config = {"ops": {f"{FX.name}_continuous_loop": {"config": {"max_seconds": 5.0}}}}
     with dg.DagsterInstance.get() as instance:
         # the sensor's micro-batch run is writing: the continuous run is refused
-        micro = _started(instance, FX.job_name, time.time() - 5)
+        micro = _started(instance, FX_H.job_name, time.time() - 5)
         cont = continuous.execute_in_process(instance=instance, run_config=config,
                                              raise_on_error=False)
         assert not cont.success and _materialized(cont) == 0
-        assert f"run {micro} of {FX.job_name}" in _failure(cont)
-        _ended(instance, micro, FX.job_name)
+        assert f"run {micro} of {FX_H.job_name}" in _failure(cont)
+        _ended(instance, micro, FX_H.job_name)
         # the continuous job is running: a micro-batch launch is refused
-        loop = _started(instance, FX.continuous_job_name, time.time() - 5)
+        loop = _started(instance, FX_H.continuous_job_name, time.time() - 5)
         refused = _job().execute_in_process(instance=instance, raise_on_error=False)
         assert not refused.success
-        assert f"run {loop} of {FX.continuous_job_name}" in _failure(refused)
+        assert f"run {loop} of {FX_H.continuous_job_name}" in _failure(refused)
         assert not Path(lake.table_path("payments_eur")).exists()
-        _ended(instance, loop, FX.continuous_job_name)
+        _ended(instance, loop, FX_H.continuous_job_name)
         assert _job().execute_in_process(instance=instance).success
     _assert_once(lake, new)
