@@ -66,8 +66,7 @@ def test_secret_settings_appear_in_no_output_of_a_run(spark, lake, tmp_path, mon
     out, err = capfd.readouterr()
     texts = {"stdout": out, "stderr": err, "events": "\n".join(records)}
     assert len(records) > 20 and "ASSET_MATERIALIZATION" in texts["events"]
-    settings = get_settings()
-    files = _files(tmp_path, settings.var_dir / "log")
+    files = _files(tmp_path, lake.var_dir / "log")
     assert any(p.suffix == ".json" or "_progress" in str(p) for p in files)
     for name, value in values.items():
         for where, text in texts.items():

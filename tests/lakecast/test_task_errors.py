@@ -79,8 +79,11 @@ def test_a_conflicting_concurrent_commit_on_the_spark_path_names_what_to_do(spar
     path = str(tmp_path / "out")
     write_deltalake(path, pd.DataFrame({"id": [0]}), mode="append")
 
-    def slow(batches):
+    marker = tmp_path / "writing"
+
+    def slow(batches):  # says its task runs (Spark's transaction has begun), then waits
         for b in batches:
+            marker.touch()
             time.sleep(4)
             yield b
 
@@ -96,10 +99,9 @@ def test_a_conflicting_concurrent_commit_on_the_spark_path_names_what_to_do(spar
 
     thread = threading.Thread(target=spark_write)
     thread.start()
-    tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + 60
-    while not tracker.getActiveJobsIds():  # Spark's transaction started, its tasks run
-        assert time.monotonic() < deadline and thread.is_alive()
+    while not marker.exists():  # the write's tasks run: its transaction read the table
+        assert time.monotonic() < deadline and thread.is_alive(), failure
         time.sleep(0.05)
     # another writer commits the same transaction meanwhile
     write_deltalake(path, pd.DataFrame({"id": [100]}), mode="append",
