@@ -95,7 +95,7 @@ def test_a_pure_lookup_pipeline_writes_the_same_rows_in_each_execution_as_pandas
             assert other.refused_versions == tasks.refused_versions
         m = models[i]
         want = {"events_in": len(batches[i]), "rejected": len(m["rejected"]),
-                "processed": len(m["accepted"]), "enriched": len(m["enriched"]),
+                "processed": len(m["accepted"]), "output": len(m["enriched"]),
                 "unmatched": len(m["unmatched"])}
         for r in (tasks, joins, python):
             assert {k: r.counts[k] for k in want} == want
