@@ -53,7 +53,12 @@ def _rejections(cluster) -> int:
 def test_an_application_without_the_secret_is_refused(cluster, tmp_path, secret):
     name = f"intruder-{uuid.uuid4().hex[:8]}"
     before = _rejections(cluster)
-    env = {k: v for k, v in os.environ.items() if k != "_SPARK_AUTH_SECRET"}
+    # a classic driver of its own: no secret, and none of the Spark Connect variables an
+    # earlier test's session left in this process's environment
+    connect = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE",
+               "SPARK_API_MODE")
+    env = {k: v for k, v in os.environ.items()
+           if k != "_SPARK_AUTH_SECRET" and k not in connect}
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     err = tmp_path / "stderr"
     args = [sys.executable, "-c", INTRUDER, cluster.master_url, name, *([secret] if secret else [])]
