@@ -110,6 +110,9 @@ SETTINGS: tuple[Setting, ...] = (
             "to the project folder, or an s3a:// URI)."),
     Setting("LAKECAST_CHECKPOINT_ROOT", "var/checkpoints", "Root of progress logs and "
             "broadcast-state snapshots."),
+    Setting("LAKECAST_JVM_STATE_ROOT", "<checkpoint root>/_jvm-state", "Where the JVM "
+            "lookups' state chain is written (the driver) and read (every executor, through "
+            "Hadoop's FileSystem): a path or a URI all executors can read, e.g. s3a://."),
     Setting("DAGSTER_HOME", "var/dagster_home", "Dagster's instance folder."),
     Setting("LAKECAST_JARS_DIR", "$XDG_CACHE_HOME/lakecast/jars/delta-<delta-spark version> "
             "(~/.cache without XDG_CACHE_HOME)", "Where `lakecast setup` puts Delta's JARs "
@@ -281,6 +284,8 @@ class Settings:
     server_token_file: Path | None = None
     #: the local cluster's master port
     cluster_port: int = DEFAULT_CLUSTER_PORT
+    #: ``LAKECAST_JVM_STATE_ROOT`` (None: under the checkpoint root, :attr:`jvm_state_dir`)
+    jvm_state_root: str | None = None
     #: ``<point>`` or ``<point>:<batch_id>`` where a test kills the process (empty: never)
     crash_at: str = ""
 
@@ -289,6 +294,12 @@ class Settings:
         from lakecast.names import check_table_name
 
         return f"{self.lake_root}/{check_table_name(name)}"
+
+    @property
+    def jvm_state_dir(self) -> str:
+        """Where the JVM lookups' state chain lives (a path or a URI every executor reads):
+        ``LAKECAST_JVM_STATE_ROOT``, else ``<checkpoint root>/_jvm-state``."""
+        return self.jvm_state_root or f"{self.checkpoint_root}/_jvm-state"
 
     def pipeline_paths(self, pipeline: str) -> PipelinePaths:
         """The folders of pipeline ``pipeline`` under the checkpoint root."""
@@ -412,6 +423,8 @@ def get_settings(env: dict[str, str] | None = None) -> Settings:
         server_token_file=Path(_path_or_uri(env["LAKECAST_SERVER_TOKEN_FILE"], root))
         if env.get("LAKECAST_SERVER_TOKEN_FILE") else None,
         cluster_port=_port(env, "LAKECAST_CLUSTER_PORT", DEFAULT_CLUSTER_PORT),
+        jvm_state_root=_path_or_uri(env["LAKECAST_JVM_STATE_ROOT"], root)
+        if env.get("LAKECAST_JVM_STATE_ROOT", "").strip() else None,
         crash_at=env.get("LAKECAST_CRASH_AT", "").strip(),
     )
 

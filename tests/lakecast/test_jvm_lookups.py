@@ -10,6 +10,7 @@ import decimal
 import json
 import logging
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pandas as pd
 import pyarrow as pa
@@ -20,6 +21,12 @@ from lakecast.delta import io as delta_io
 from lakecast.jvm.build import LOOKUP_CLASS, built_jar
 from lakecast.runtime.jvm_state import JVM_CACHE
 from tests.lakecast.test_joins import _events, _function, _reference, _rows
+
+
+def state_folder(runtime: BroadcastRuntime) -> Path:
+    """The local folder of a runtime's JVM state (its root is a ``file:`` URI)."""
+    assert runtime.jvm is not None and runtime.jvm.root.startswith("file:")
+    return Path(urlparse(runtime.jvm.root).path)
 
 
 def _users(spark, path: str, version: int) -> pd.DataFrame:
@@ -93,8 +100,7 @@ def test_the_state_files_are_the_chain_and_go_with_the_runtime(spark, tables):
     runtime = BroadcastRuntime(spark, _function(), tables)
     runtime.process(events, until={"dim_users": 0, "dim_products": 0}).collect()
     runtime.process(events, until={"dim_users": 3, "dim_products": 0}).collect()
-    assert runtime.jvm is not None
-    folder = runtime.jvm.root
+    folder = state_folder(runtime)
     names = sorted(p.name for p in folder.glob("*/*.arrow"))
     assert names == ["dim_products-v0.full.arrow", "dim_users-v0.full.arrow",
                      "dim_users-v1.changes.arrow", "dim_users-v2.changes.arrow",
@@ -103,6 +109,7 @@ def test_the_state_files_are_the_chain_and_go_with_the_runtime(spark, tables):
                    if len(p.read_text().splitlines()) == 5]
     lineage, *files = manifest.read_text().splitlines()
     assert lineage.endswith("|dim_users") and [Path(f).name for f in files] == names[1:]
+    assert all(f.startswith("file:/") for f in files)  # URIs, read with Hadoop's FileSystem
     runtime.close()
     assert not folder.exists()
 
@@ -116,14 +123,13 @@ def test_a_state_file_gone_before_the_job_is_a_clear_error(spark, tables, gone):
     runtime = BroadcastRuntime(spark, _function(), tables)
     try:
         result = runtime.process(events, until={"dim_users": 0, "dim_products": 0})
-        assert runtime.jvm is not None
-        (path,) = runtime.jvm.root.glob(f"*/{gone}")
+        (path,) = state_folder(runtime).glob(f"*/{gone}")
         path.unlink()
         with pytest.raises(Exception) as err:
             result.collect()
         message = str(err.value)
         assert f"Lakecast JVM lookup state {'manifest' if 'manifest' in gone else 'file'} " \
-               f"{path} is missing" in message
+               f"file://{path} is missing" in message
         assert "Rerun the batch" in message and "jvm_lookups=False" in message
     finally:
         runtime.close()

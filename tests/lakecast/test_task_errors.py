@@ -21,7 +21,10 @@ from lakecast.pipeline.task_errors import (
     translated,
 )
 from tests.lakecast.test_joins import _events, _function
-from tests.lakecast.test_jvm_lookups import tables  # noqa: F401  (the fixture)
+from tests.lakecast.test_jvm_lookups import (
+    state_folder,
+    tables,  # noqa: F401  (the fixture)
+)
 
 VERSIONS = {"dim_users": 0, "dim_products": 0}
 
@@ -33,8 +36,7 @@ def _fails_at_task(spark, tables, damage) -> BaseException:  # noqa: F811
     try:
         assert runtime.state_engine == "jvm"
         result = runtime.process(events, until=VERSIONS)  # planned: the files are written
-        assert runtime.jvm is not None
-        (path,) = runtime.jvm.root.glob("*/dim_users-v0.full.arrow")
+        (path,) = state_folder(runtime).glob("*/dim_users-v0.full.arrow")
         damage(path)
         with pytest.raises(Exception) as err:
             result.collect()

@@ -136,7 +136,7 @@ def log_names(uri: str, settings: Settings | None = None) -> list[str]:
     """The file names in the table's ``_delta_log`` (empty: no table there)."""
     import pyarrow.fs as pafs
 
-    fs, key = _filesystem(uri, settings)
+    fs, key = filesystem(uri, settings)
     try:
         infos = fs.get_file_info(pafs.FileSelector(f"{key}/_delta_log", allow_not_found=True))
     except OSError as e:
@@ -149,7 +149,7 @@ def table_names(root_uri: str, settings: Settings | None = None) -> list[str]:
     ``root_uri``, sorted."""
     import pyarrow.fs as pafs
 
-    fs, key = _filesystem(root_uri, settings)
+    fs, key = filesystem(root_uri, settings)
     try:
         if fs.get_file_info(key.split("/", 1)[0]).type == pafs.FileType.NotFound:
             raise ObjectStoreError(f"cannot read {root_uri}: bucket "
@@ -163,7 +163,7 @@ def table_names(root_uri: str, settings: Settings | None = None) -> list[str]:
 
 def read_log_file(uri: str, name: str, settings: Settings | None = None) -> str:
     """The text of ``_delta_log/<name>``; :class:`FileNotFoundError` if it is absent."""
-    fs, key = _filesystem(uri, settings)
+    fs, key = filesystem(uri, settings)
     try:
         with fs.open_input_stream(f"{key}/_delta_log/{name}") as f:
             return f.read().decode()
@@ -175,7 +175,9 @@ def read_log_file(uri: str, name: str, settings: Settings | None = None) -> str:
         raise read_error(uri, e) from e
 
 
-def _filesystem(uri: str, settings: Settings | None) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str, settings: Settings | None = None) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's S3 filesystem of ``uri`` (the lake's options) and the uri's path in it
+    (``bucket/key``)."""
     parsed = urlparse(uri)
     if parsed.scheme not in SCHEMES or not parsed.netloc:
         raise ObjectStoreError(f"{uri}: not an s3a:// or s3:// URI with a bucket")

@@ -28,7 +28,8 @@ LOOKUP_CLASS = "lakecast.jvm.StateLookup"
 #: pyspark's JARs the source compiles against
 _COMPILE_AGAINST = ("arrow-vector-", "arrow-memory-core-", "arrow-format-", "spark-sql-api_",
                     "spark-catalyst_", "spark-core_", "spark-unsafe_", "kryo-shaded-",
-                    "scala-library-")
+                    "scala-library-", "hadoop-client-api-",
+                    "spark-common-utils_")
 
 
 def _sources() -> list[Path]:

@@ -57,11 +57,13 @@ def state_file_failure(exc: BaseException, versions: Mapping[str, int],
     at = f"state version {version}" if version is not None else "its state"
     if state == "missing":
         cause = "was missing when a task needed it (its runtime was closed or rebased, or "
-        cause += "the project's var/jvm-state/ folder was cleaned while the batch ran)"
+        cause += "the JVM state root was cleaned while the batch ran, or the executor "
+        cause += "cannot see it)"
         fix = ("run the pipeline again: the batch is redone exactly once and its runtime "
-               "writes the state files again; stop whatever cleans var/jvm-state/ during "
-               "runs, and make sure executors see the project's var/ folder (or declare "
-               "jvm_lookups=False to hold the state in the Python workers)")
+               "writes the state files again; stop whatever cleans the state root "
+               "(LAKECAST_JVM_STATE_ROOT, default <checkpoint root>/_jvm-state) during runs, "
+               "and put it on storage every executor reads (or declare jvm_lookups=False to "
+               "hold the state in the Python workers)")
     else:
         cause = f"could not be read ({why or 'damaged'})"
         fix = (f"remove {path.rsplit('/', 2)[0]} (the runtime writes it again) and run the "

@@ -45,6 +45,7 @@ from lakecast.pipeline.contract import TASK_SIDE, BaseRuntime
 from lakecast.runtime.engine import EngineChoice, Execution, choose_engine
 from lakecast.runtime.executor import OutputLayout, version_json
 from lakecast.runtime.joins import plan_joins
+from lakecast.runtime.jvm_files import StateFiles
 from lakecast.runtime.jvm_state import JvmLookups, not_in_jvm, say_once
 from lakecast.runtime.metrics import (
     BUDGET_FIX,
@@ -139,7 +140,8 @@ class BroadcastRuntime(BaseRuntime):
         from lakecast.config import get_settings
 
         assert isinstance(self.function, Enrichment)
-        return JvmLookups(get_settings().var_dir / "jvm-state", self.function_id,
+        settings = get_settings()
+        return JvmLookups(StateFiles.at(settings.jvm_state_dir, settings), self.function_id,
                           self.function, ephemeral=self._ephemeral_id)
 
     @property

@@ -32,17 +32,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 import weakref
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from lakecast.api.element import CHANGE_TYPE, BroadcastElement
 from lakecast.api.enrich import Enrichment, Lookup
+from lakecast.runtime.jvm_files import StateFiles
 from lakecast.runtime.lookup_plan import JoinedResult, LookupPlan
 
 if TYPE_CHECKING:
@@ -126,20 +124,19 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
 
 
-def _sweep(root: Path, older_than_s: float = 86_400.0) -> None:
+def _sweep(files: StateFiles, older_than_s: float = 86_400.0) -> None:
     """Remove the folders of ephemeral runtimes (no ``@`` in the id) left a day ago by a
     process that did not close them."""
     import time
 
-    if not root.is_dir():
-        return
     cutoff = time.time() - older_than_s
-    for folder in root.iterdir():
-        try:
-            if "@" not in folder.name and folder.stat().st_mtime < cutoff:
-                shutil.rmtree(folder, ignore_errors=True)
-        except OSError:
-            continue
+    try:
+        folders = files.folders()
+    except OSError:
+        return
+    for name, mtime in folders:
+        if "@" not in name and mtime < cutoff:
+            files.remove_folder(name)
 
 
 def _value_type(schema: pa.Schema, pairs: Sequence[tuple[str, str]]) -> Any:
@@ -163,28 +160,33 @@ def _columns(i: int, lk: Lookup, pairs: list[tuple[str, str]]) -> tuple[Any, lis
 class JvmLookups:
     """The state files of one runtime's chain and the planning of its JVM lookups."""
 
-    def __init__(self, root: Path, function_id: str, function: Enrichment,
+    def __init__(self, files: StateFiles, function_id: str, function: Enrichment,
                  ephemeral: bool) -> None:
         self.function = function
-        self.root = root / _safe(function_id)
+        self.files = files
+        #: this runtime's folder under the state root
+        self.folder = _safe(function_id)
         #: a runtime of its own (no stable function id): :meth:`close` removes its files,
         #: and executors then drop its state
         self.ephemeral = ephemeral
-        self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> files
+        self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> names
         self._plan = LookupPlan(function, _columns, JVM_CACHE)
-        _sweep(root)
+        _sweep(files)
 
+    @property
+    def root(self) -> str:
+        """This runtime's folder as executors read it (a URI)."""
+        return self.files.uri(self.folder)
 
-    def _folder(self, lk: Lookup, schema: pa.Schema) -> Path:
+    def _lookup_folder(self, lk: Lookup, schema: pa.Schema) -> str:
         spec = json.dumps([lk.table, lk.key_pairs, lk.column_pairs(schema),
                            [str(schema.field(s).type) for s, _ in lk.column_pairs(schema)]])
-        return self.root / hashlib.sha256(spec.encode()).hexdigest()[:12]
+        return f"{self.folder}/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
     def _write_element(self, lk: Lookup, schema: pa.Schema, e: BroadcastElement) -> str:
-        folder = self._folder(lk, schema)
-        path = folder / f"{_safe(lk.table)}-v{e.version}.{e.kind}.arrow"
-        if path.exists():  # same table version, kind and columns: the same rows
-            return str(path)
+        name = f"{self._lookup_folder(lk, schema)}/{_safe(lk.table)}-v{e.version}.{e.kind}.arrow"
+        if self.files.exists(name):  # same table version, kind and columns: the same rows
+            return name
         rows = e.rows
         keys = [s for _, s in lk.key_pairs]
         columns = [pa.compute.cast(rows.column(k), pa.int64())
@@ -199,36 +201,31 @@ class JvmLookups:
             names.append(CHANGE_TYPE)
         table = pa.table(columns, names=names).replace_schema_metadata(
             {"lakecast.keys": str(len(keys)), "lakecast.rows": str(rows.num_rows)})
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table, max_chunksize=64_000)
-        partial.replace(path)
-        return str(path)
+        self.files.write_arrow(name, table)
+        return name
 
     def manifests(self, chain: Sequence[ChainLink],
                   schemas: Mapping[str, pa.Schema]) -> dict[str, str]:
-        """Per lookup table, the manifest of its state at the end of ``chain`` (the files
-        of links not written yet are written now)."""
+        """Per lookup table, the URI of the manifest of its state at the end of ``chain``
+        (the files of links not written yet are written now)."""
         out = {}
         for lk in self.function.lookups:
             schema = schemas[lk.table]
-            files: list[str] = []
+            names: list[str] = []
             for link in chain:
                 per_table = self._written.setdefault(id(link), {})
                 if lk.table not in per_table:
                     per_table[lk.table] = [self._write_element(lk, schema, e)
                                            for e in link.elements() if e.table == lk.table]
-                files += per_table[lk.table]
-            folder = self._folder(lk, schema)
-            lineage = f"{folder}|{lk.table}"
-            digest = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
-            manifest = folder / f"{_safe(lk.table)}@{digest}.manifest"
-            if not manifest.exists():
-                partial = manifest.with_name(f".{manifest.name}.{os.getpid()}.partial")
-                partial.write_text("\n".join([lineage, *files]) + "\n")
-                partial.replace(manifest)
-            out[lk.table] = str(manifest)
+                names += per_table[lk.table]
+            folder = self._lookup_folder(lk, schema)
+            lineage = f"{self.files.uri(folder)}|{lk.table}"
+            uris = [self.files.uri(n) for n in names]
+            digest = hashlib.sha256("\n".join(uris).encode()).hexdigest()[:16]
+            manifest = f"{folder}/{_safe(lk.table)}@{digest}.manifest"
+            if not self.files.exists(manifest):
+                self.files.write(manifest, ("\n".join([lineage, *uris]) + "\n").encode())
+            out[lk.table] = self.files.uri(manifest)
         return out
 
     def forget(self, link: ChainLink) -> None:
@@ -240,15 +237,15 @@ class JvmLookups:
         the old chain's; executors holding it read the new base next)."""
         keep = {f for per_table in self._written.values() for fs in per_table.values()
                 for f in fs}
-        for path in self.root.glob("*/*"):
-            if path.name.endswith((".arrow", ".manifest")) and str(path) not in keep:
-                path.unlink(missing_ok=True)
+        for name in self.files.files(self.folder):
+            if name.endswith((".arrow", ".manifest")) and name not in keep:
+                self.files.remove(name)
 
     def close(self) -> None:
         """An ephemeral runtime's files go (its executors' states with them)."""
         self._written.clear()
         if self.ephemeral:
-            shutil.rmtree(self.root, ignore_errors=True)
+            self.files.remove_folder(self.folder)
 
     def _function_name(self, spark: SparkSession, value_type: Any) -> str:
         """The session's registered name of the lookup UDF returning ``value_type``."""

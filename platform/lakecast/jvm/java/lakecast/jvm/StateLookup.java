@@ -1,21 +1,17 @@
 package lakecast.jvm;
 
-import java.io.FileInputStream;
 import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
-import java.nio.file.NoSuchFileException;
-import java.nio.file.Paths;
 import java.time.Instant;
 import java.time.LocalDate;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicLong;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.DateDayVector;
@@ -24,7 +20,9 @@ import org.apache.arrow.vector.TimeStampMicroTZVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.ipc.ArrowFileReader;
 import org.apache.arrow.vector.ipc.message.ArrowBlock;
+import org.apache.arrow.vector.util.ByteArrayReadableSeekableByteChannel;
 import org.apache.arrow.vector.util.Text;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.api.java.UDF2;
@@ -35,61 +33,131 @@ import org.apache.spark.unsafe.types.UTF8String;
  *
  * <p>{@code call(manifest, key)}: the state row of {@code key} (a value, or a Row of the
  * key columns), or null when the state has no row for it. {@code manifest} is the UTF-8
- * path of a manifest, a binary literal: Spark hands the UDF the literal's one array every
- * row, so a task resolves its state once (no string decoded per row). The manifest (written by
- * {@code lakecast.runtime.jvm_state}) names the state's lineage on its first line and, on
- * the next ones, the Arrow IPC files of its chain in order: a {@code .full.arrow} replaces
- * the state, a {@code .changes.arrow} applies a version's changes (deletes, then inserts and
- * update post-images). Each executor JVM keeps one state per lineage (the newest chain it
- * was asked for) and applies only the files after the ones it holds, so a warm executor
- * reads a new version's changes, not the table. States of other chains are built apart.
- * A lineage whose folder the driver removed (its runtime closed) is dropped; at most
- * {@link #MAX_LINEAGES} are kept, least recently used out first.
+ * URI of a manifest, a binary literal: Spark hands the UDF the literal's one array every
+ * row, so a task resolves its state once per lookup (each lookup's literal is its own
+ * array: two lookups of one UDF keep a state each, no reload when calls alternate). The
+ * manifest (written by {@code lakecast.runtime.jvm_state}) names the state's lineage on its
+ * first line and, on the next ones, the URIs of the Arrow IPC files of its chain in order:
+ * a {@code .full.arrow} replaces the state, a {@code .changes.arrow} applies a version's
+ * changes (deletes, then inserts and update post-images). Files are read through Hadoop's
+ * FileSystem ({@link StateStorage}): the chain lives on storage every executor reads (the
+ * checkpoint root by default), and this JVM's memory is a cache of it.
+ *
+ * <p>Each executor JVM keeps one state per lineage (the newest chain it was asked for) and
+ * applies only the files after the ones it holds, so a warm executor reads a new version's
+ * changes, not the table; a state of another chain is built apart. A lineage whose folder
+ * the driver removed (its runtime closed) is dropped (checked at most every
+ * {@link #SWEEP_MILLIS} ms); at most {@code spark.lakecast.jvm.maxLineages} (default
+ * {@link #DEFAULT_MAX_LINEAGES}) are kept, least recently used out first, each eviction
+ * counted ({@link #evictions()}).
  */
 public final class StateLookup implements UDF2<byte[], Object, Row> {
     private static final long serialVersionUID = 1L;
-    /** Lineages kept per JVM (least recently used first out). */
-    static final int MAX_LINEAGES = 16;
+    /** Lineages kept per JVM unless {@code spark.lakecast.jvm.maxLineages} says otherwise. */
+    static final int DEFAULT_MAX_LINEAGES = 16;
+    static final String MAX_LINEAGES_CONF = "spark.lakecast.jvm.maxLineages";
+    static final long SWEEP_MILLIS = 30_000L;
+    private static final AtomicLong EVICTIONS = new AtomicLong();
+    private static long lastSweep;
     private static final Map<String, Lineage> LINEAGES =
         new LinkedHashMap<String, Lineage>(16, 0.75f, true) {
             @Override
             protected boolean removeEldestEntry(Map.Entry<String, Lineage> eldest) {
-                return size() > MAX_LINEAGES;
+                if (size() > maxLineages()) {
+                    EVICTIONS.incrementAndGet();
+                    return true;
+                }
+                return false;
             }
         };
+    private static int maxLineages = -1;
 
-    private transient byte[] lastManifest;
-    private transient State lastState;
+    /** The manifests this task's calls named (by the literal's array) and their states. */
+    private transient byte[][] manifests;
+    private transient State[] states;
 
     @Override
     public Row call(byte[] manifest, Object key) throws Exception {
-        if (manifest != lastManifest && !Arrays.equals(manifest, lastManifest)) {
-            lastState = stateAt(new String(manifest, StandardCharsets.UTF_8));
-        }
-        lastManifest = manifest;
+        State state = resolve(manifest);
         if (key instanceof Row) {
             key = compositeKey((Row) key);
         }
-        return key == null ? null : lastState.get(key);
+        return key == null ? null : state.get(key);
+    }
+
+    /** The state of {@code manifest}, resolved once per task and lookup. */
+    State resolve(byte[] manifest) throws IOException {
+        if (manifests == null) {
+            manifests = new byte[4][];
+            states = new State[4];
+        }
+        for (int i = 0; i < manifests.length; i++) {
+            if (manifests[i] == manifest) {
+                return states[i];
+            }
+        }
+        for (int i = 0; i < manifests.length; i++) {  // another array of the same bytes
+            if (manifests[i] != null && Arrays.equals(manifests[i], manifest)) {
+                manifests[i] = manifest;
+                return states[i];
+            }
+        }
+        State state = stateAt(new String(manifest, StandardCharsets.UTF_8));
+        System.arraycopy(manifests, 0, manifests, 1, manifests.length - 1);
+        System.arraycopy(states, 0, states, 1, states.length - 1);
+        manifests[0] = manifest;
+        states[0] = state;
+        return state;
+    }
+
+    static int maxLineages() {
+        if (maxLineages < 0) {
+            SparkEnv env = SparkEnv.get();
+            maxLineages = Math.max(1, env == null ? DEFAULT_MAX_LINEAGES
+                : env.conf().getInt(MAX_LINEAGES_CONF, DEFAULT_MAX_LINEAGES));
+        }
+        return maxLineages;
+    }
+
+    /** Lineages evicted by the LRU in this JVM since it started. */
+    static long evictions() {
+        return EVICTIONS.get();
+    }
+
+    /** Lineages this JVM holds. */
+    static int lineages() {
+        synchronized (LINEAGES) {
+            return LINEAGES.size();
+        }
     }
 
     /** The state the manifest names, built or brought forward in this JVM. */
     static State stateAt(String manifest) throws IOException {
-        List<String> lines;
+        byte[] text;
         try {
-            lines = Files.readAllLines(Paths.get(manifest));
-        } catch (NoSuchFileException e) {
+            text = StateStorage.read(manifest);
+        } catch (FileNotFoundException e) {
             throw missing("manifest", manifest);
-        } catch (IOException e) {
+        } catch (IOException | RuntimeException e) {
             throw unreadable("manifest", manifest, e);
+        }
+        List<String> lines = new ArrayList<>();
+        for (String line : new String(text, StandardCharsets.UTF_8).split("\n")) {
+            if (!line.isEmpty()) {
+                lines.add(line);
+            }
         }
         if (lines.isEmpty()) {
             throw new IOException("empty Lakecast state manifest " + manifest);
         }
         Lineage lineage;
         synchronized (LINEAGES) {
-            // a lineage whose folder is gone was closed by its runtime: free its state
-            LINEAGES.keySet().removeIf(k -> !Files.isDirectory(Paths.get(folderOf(k))));
+            long now = System.currentTimeMillis();
+            if (now - lastSweep > SWEEP_MILLIS) {
+                // a lineage whose folder is gone was closed by its runtime: free its state
+                lastSweep = now;
+                LINEAGES.keySet().removeIf(k -> !StateStorage.exists(folderOf(k)));
+            }
             lineage = LINEAGES.computeIfAbsent(lines.get(0), k -> new Lineage());
         }
         return lineage.at(lines.subList(1, lines.size()));
@@ -102,9 +170,10 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     static IOException missing(String what, String path) {
         return new IOException(STATE_ERROR + what + " " + path
             + " is missing: the runtime that wrote it was closed or rebased while this job"
-            + " ran, or its var/jvm-state folder was removed. Rerun the batch (its runtime"
-            + " writes the state files again); executors must see the project's var/ folder,"
-            + " or pass jvm_lookups=False to keep the state in the Python workers.");
+            + " ran, its folder was removed, or this executor cannot see the state root"
+            + " (LAKECAST_JVM_STATE_ROOT). Rerun the batch (its runtime writes the state files"
+            + " again); put the state root on storage every executor reads, or pass"
+            + " jvm_lookups=False to keep the state in the Python workers.");
     }
 
     /** The error of a state file or manifest that exists but cannot be read. */
@@ -112,10 +181,10 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
         String why = String.valueOf(cause.getMessage()).split("\\R", 2)[0];
         IOException e = new IOException(STATE_ERROR + what + " " + path
             + " is unreadable (" + cause.getClass().getSimpleName() + ": " + why + "): it was"
-            + " damaged or its permissions changed after the driver wrote it. Remove the"
-            + " project's var/jvm-state folder and rerun the batch (its runtime writes the"
-            + " state files again), or pass jvm_lookups=False to keep the state in the Python"
-            + " workers.");
+            + " damaged, its permissions changed after the driver wrote it, or this executor"
+            + " lacks the credentials of the state root. Remove the state folder and rerun the"
+            + " batch (its runtime writes the state files again), or pass jvm_lookups=False to"
+            + " keep the state in the Python workers.");
         e.initCause(cause);
         return e;
     }
@@ -142,7 +211,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     static final class Lineage {
         private List<String> applied = new ArrayList<>();
         private Map<Object, Row> rows = new ConcurrentHashMap<>();
-        private Interner interner = new Interner();
+        private State.Interner interner = new State.Interner();
         /** What tasks read: {@code rows} as of {@code applied} (null: not built yet). */
         private State state;
 
@@ -152,180 +221,45 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             if (!extends_) {  // another chain (an older version, a new base): built apart
                 rows = new ConcurrentHashMap<>();
                 applied = new ArrayList<>();
-                interner = new Interner();
+                interner = new State.Interner();
                 state = null;
             }
+            boolean cold = applied.isEmpty();
+            long start = System.nanoTime();
             for (String file : files.subList(applied.size(), files.size())) {
                 rows = apply(rows, file, interner);
                 applied.add(file);
                 state = null;
             }
             if (state == null) {
-                state = State.of(rows);
+                state = State.of(rows, interner, cold, System.nanoTime() - start);
             }
             return state;
         }
     }
 
-    /** A state version as tasks read it. Integer keys (Spark hands them as {@code Long})
-     *  go through a flat index built once per version: an array by key when the keys are
-     *  dense (as Spark's own hashed relation does), else open addressing over a
-     *  {@code long[]}, so a lookup touches two arrays and its row instead of a hash map's
-     *  chain of boxed objects. Other keys use the map. */
-    static final class State {
-        private final Map<Object, Row> rows;
-        private final LongIndex longs;
-
-        private State(Map<Object, Row> rows, LongIndex longs) {
-            this.rows = rows;
-            this.longs = longs;
-        }
-
-        static State of(Map<Object, Row> rows) {
-            for (Object key : rows.keySet()) {
-                if (!(key instanceof Long)) {
-                    return new State(rows, null);
-                }
-            }
-            return new State(rows, new LongIndex(rows));
-        }
-
-        Row get(Object key) {
-            if (longs != null) {
-                return key instanceof Long ? longs.get((Long) key) : null;
-            }
-            return rows.get(key);
-        }
-    }
-
-    /** Equal values of a column share one instance while the column has few distinct
-     *  values (segments, categories, prices): a state's rows then point at a few hot
-     *  objects instead of a copy each, which is what a lookup's result reads. */
-    static final class Interner {
-        /** Distinct values a column may have before it is no longer interned. */
-        static final int MAX_DISTINCT = 1 << 16;
-        private final List<Map<Object, Object>> columns = new ArrayList<>();
-        private final List<Boolean> open = new ArrayList<>();
-
-        Object intern(int column, Object value) {
-            if (value == null || value instanceof byte[]) {
-                return value;  // (arrays compare by identity)
-            }
-            while (columns.size() <= column) {
-                columns.add(new HashMap<>());
-                open.add(true);
-            }
-            if (!open.get(column)) {
-                return value;
-            }
-            Map<Object, Object> seen = columns.get(column);
-            Object known = seen.putIfAbsent(value, value);
-            if (known != null) {
-                return known;
-            }
-            if (seen.size() > MAX_DISTINCT) {  // a high-cardinality column: stop here
-                seen.clear();
-                open.set(column, false);
-            }
-            return value;
-        }
-    }
-
-    /** A read-only {@code long -> Row} index of one state version. */
-    static final class LongIndex {
-        private final long min;
-        private final long max;
-        private final Row[] dense;
-        private final long[] keys;
-        private final Row[] slots;
-        private final int mask;
-
-        LongIndex(Map<Object, Row> rows) {
-            long lo = 0;
-            long hi = -1;
-            for (Object key : rows.keySet()) {
-                long k = (Long) key;
-                if (hi < lo) {
-                    lo = k;
-                    hi = k;
-                }
-                lo = Math.min(lo, k);
-                hi = Math.max(hi, k);
-            }
-            min = lo;
-            max = hi;
-            int n = rows.size();
-            if (n > 0 && hi - lo >= 0 && hi - lo < 4L * n + 1024) {
-                dense = new Row[(int) (hi - lo + 1)];
-                for (Map.Entry<Object, Row> e : rows.entrySet()) {
-                    dense[(int) ((Long) e.getKey() - lo)] = e.getValue();
-                }
-                keys = null;
-                slots = null;
-                mask = 0;
-                return;
-            }
-            dense = null;
-            int capacity = Integer.highestOneBit(Math.max(8, n) * 2 - 1) << 1;
-            keys = new long[capacity];
-            slots = new Row[capacity];
-            mask = capacity - 1;
-            for (Map.Entry<Object, Row> e : rows.entrySet()) {
-                long k = (Long) e.getKey();
-                int i = mix(k) & mask;
-                while (slots[i] != null) {
-                    i = (i + 1) & mask;
-                }
-                keys[i] = k;
-                slots[i] = e.getValue();
-            }
-        }
-
-        private static int mix(long k) {
-            long h = k * 0x9E3779B97F4A7C15L;
-            return (int) (h ^ (h >>> 32));
-        }
-
-        Row get(long k) {
-            if (k < min || k > max) {
-                return null;
-            }
-            if (dense != null) {
-                return dense[(int) (k - min)];
-            }
-            int i = mix(k) & mask;
-            while (true) {
-                Row row = slots[i];
-                if (row == null || keys[i] == k) {
-                    return row;
-                }
-                i = (i + 1) & mask;
-            }
-        }
-    }
-
-    private static FileInputStream open(String file) throws IOException {
+    private static byte[] readFile(String file) throws IOException {
         try {
-            return new FileInputStream(file);
+            return StateStorage.read(file);
         } catch (FileNotFoundException e) {
-            if (Files.exists(Paths.get(file))) {
-                throw unreadable("file", file, e);
-            }
             throw missing("file", file);
+        } catch (IOException | RuntimeException e) {
+            throw unreadable("file", file, e);
         }
     }
 
-    /** {@code rows} with a state file applied: a full file gives a new map (tasks still
-     *  reading the old one keep it whole), a changes file changes {@code rows}. */
-    static Map<Object, Row> apply(Map<Object, Row> rows, String file, Interner interner)
+    /** {@code rows} with a state file applied: a full file gives a new map, a changes file
+     *  changes {@code rows} (tasks read {@link State} indexes, never this map). */
+    static Map<Object, Row> apply(Map<Object, Row> rows, String file, State.Interner interner)
             throws IOException {
         boolean full = file.endsWith(".full.arrow");
         if (!full && !file.endsWith(".changes.arrow")) {
             throw new IOException("not a Lakecast state file: " + file);
         }
+        byte[] bytes = readFile(file);
         try (BufferAllocator alloc = new RootAllocator();
-             FileInputStream in = open(file);
-             ArrowFileReader reader = new ArrowFileReader(in.getChannel(), alloc)) {
+             ArrowFileReader reader = new ArrowFileReader(
+                 new ByteArrayReadableSeekableByteChannel(bytes), alloc)) {
             VectorSchemaRoot root = reader.getVectorSchemaRoot();
             String keys = root.getSchema().getCustomMetadata().get("lakecast.keys");
             if (keys == null) {
@@ -374,7 +308,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     }
 
     private static void applyUpserts(Map<Object, Row> rows, VectorSchemaRoot root, int nKeys,
-                                     boolean full, Interner interner) {
+                                     boolean full, State.Interner interner) {
         List<FieldVector> vectors = root.getFieldVectors();
         int nValues = vectors.size() - nKeys - (full ? 0 : 1);
         FieldVector change = full ? null : vectors.get(vectors.size() - 1);

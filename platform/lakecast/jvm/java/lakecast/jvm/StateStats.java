@@ -1,0 +1,38 @@
+package lakecast.jvm;
+
+import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.api.java.UDF1;
+
+/**
+ * What a task's JVM holds of a lookup's state, measured where it lives: {@code
+ * call(manifest)} returns, on a task's first row only (null on the others, so an
+ * aggregate of it costs a check per row), {@code (executor, jvm, cold, build_ms,
+ * state_bytes, state_rows, evictions, lineages)}: the executor and JVM holding the state
+ * version the manifest names, whether this JVM built it from the base for this version
+ * ({@code cold}) and the milliseconds its files took — reported by the first task to
+ * report the version in that JVM, the later ones say warm and 0 — its estimated heap
+ * bytes and rows, the lineages the JVM's LRU evicted so far and the lineages it holds.
+ */
+public final class StateStats implements UDF1<byte[], Row> {
+    private static final long serialVersionUID = 1L;
+    private static final String JVM = ManagementFactory.getRuntimeMXBean().getName();
+    private transient boolean reported;
+
+    @Override
+    public Row call(byte[] manifest) throws Exception {
+        if (reported) {
+            return null;
+        }
+        reported = true;
+        State state = StateLookup.stateAt(new String(manifest, StandardCharsets.UTF_8));
+        boolean first = state.claim();
+        SparkEnv env = SparkEnv.get();
+        return RowFactory.create(env == null ? "driver" : env.executorId(), JVM,
+            first && state.cold, first ? state.buildNanos / 1e6 : 0.0, state.bytes,
+            state.rows, StateLookup.evictions(), StateLookup.lineages());
+    }
+}
