@@ -10,6 +10,8 @@ folder Lakecast is installed in. With neither, :func:`get_settings` raises a
 - project folder: ``LAKECAST_HOME`` (default: found from the working directory)
 - lake root, every Delta table: ``LAKECAST_LAKE_ROOT`` (``var/lake``)
 - checkpoint root: ``LAKECAST_CHECKPOINT_ROOT`` (``var/checkpoints``)
+- the JVM lookups' state chain, read by every executor: ``LAKECAST_JVM_STATE_ROOT``
+  (``<checkpoint root>/_jvm-state``; a local folder or an ``s3a://`` URI)
 - Dagster home: ``DAGSTER_HOME`` (``var/dagster_home``)
 - Delta JAR folder: ``LAKECAST_JARS_DIR`` (a cache shared by every project:
   ``$XDG_CACHE_HOME/lakecast/jars/delta-<delta-spark version>``, ``~/.cache`` without

@@ -25,6 +25,8 @@ SOURCE_DIR = Path(__file__).resolve().parent / "java"
 JAR_NAME = "lakecast-jvm.jar"
 #: the UDF class registered with ``spark.udf.registerJavaFunction``
 LOOKUP_CLASS = "lakecast.jvm.StateLookup"
+#: the UDF reporting, per task, what its JVM holds of a lookup's state
+STATS_CLASS = "lakecast.jvm.StateStats"
 #: pyspark's JARs the source compiles against
 _COMPILE_AGAINST = ("arrow-vector-", "arrow-memory-core-", "arrow-format-", "spark-sql-api_",
                     "spark-catalyst_", "spark-core_", "spark-unsafe_", "kryo-shaded-",

@@ -374,8 +374,7 @@ class BroadcastRuntime(BaseRuntime):
         self.refresh(until)
         p = self.parallelism or default_parallelism(self.spark)
         if self.jvm is not None:  # executors build the state; none is a Python task's
-            self.jvm.warm(self.spark, self._chain, self._schemas, p)
-            return 0
+            return self.jvm.warm(self.spark, self._chain, self._schemas, p)
         plan = self.plan(to_arrow_schema(events().schema, timezone="UTC"))
         rows = self.spark.range(0, p, 1, p).mapInArrow(
             lambda batches: warm_task(plan, batches), WARM_SCHEMA).collect()

@@ -9,8 +9,12 @@ the Python workers apply (:mod:`lakecast.runtime.broadcast`):
 * the driver writes each chain link's elements as Arrow IPC files, one per table and
   version (``<table>-v<version>.full.arrow`` replaces the state,
   ``.changes.arrow`` applies a version's changes), under
-  ``<project>/var/jvm-state/<function id>/<lookup digest>/``, and per table a *manifest*:
-  the state's lineage, then its chain's files in order;
+  ``<state root>/<function id>/<lookup digest>/`` (``LAKECAST_JVM_STATE_ROOT``, by default
+  ``<checkpoint root>/_jvm-state``: a local folder or a ``s3a://`` URI, written through
+  :class:`~lakecast.runtime.jvm_files.StateFiles`), and per table a *manifest*: the state's
+  lineage, then its chain's files in order (URIs);
+* executors read them through Hadoop's ``FileSystem`` with the cluster's configuration:
+  executor memory is a cache of the chain, and a new or restarted executor rebuilds from it;
 * each lookup is ``StateLookup(manifest, key)``: an executor JVM that holds the lineage at
   an earlier link applies only the files after it; a cold one (a new executor, or a new
   runtime) reads the base. The run's state version is fixed on the driver before the job,
@@ -23,8 +27,14 @@ the Python workers apply (:mod:`lakecast.runtime.broadcast`):
 Not available (said once, with the reason; the lookups then run in the Python workers):
 the JAR was not built (no JDK at ``lakecast setup``), the session was started without it,
 or a key or value column has a type the JVM state does not hold (keys: integers, strings,
-booleans, decimals; values: those plus floats, dates, timestamps, binary). Executors must
-see the project's ``var/`` folder (local and loopback deployments do).
+booleans, decimals; values: those plus floats, dates, timestamps, binary). Executors read the
+state root with the cluster's credentials: on a cluster without a shared disk, put it (and
+the checkpoints) on the object store.
+
+Files are removed: a rebase prunes the old chain's files; an ephemeral runtime's folder goes
+at :meth:`JvmLookups.close`; at a runtime's start, the folders untouched for a day of
+ephemeral runtimes a process left behind and of the function's older identities (its code
+changed) go too.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import json
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -42,6 +53,7 @@ from lakecast.api.element import CHANGE_TYPE, BroadcastElement
 from lakecast.api.enrich import Enrichment, Lookup
 from lakecast.runtime.jvm_files import StateFiles
 from lakecast.runtime.lookup_plan import JoinedResult, LookupPlan
+from lakecast.runtime.metrics import TaskMetrics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +65,8 @@ log = logging.getLogger(__name__)
 #: ``TaskMetrics.cache`` of a run whose lookups ran in the executor JVM
 JVM_CACHE = "jvm"
 _SAID: set[str] = set()
+#: the registered name of the ``StateStats`` UDF
+_STATS = "lakecast_state_stats"
 #: the lookup UDFs registered per session (by the name of their value type)
 _REGISTERED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
@@ -121,21 +135,24 @@ def not_in_jvm(function: Enrichment, schemas: Mapping[str, pa.Schema],
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)[:120]
 
 
-def _sweep(files: StateFiles, older_than_s: float = 86_400.0) -> None:
-    """Remove the folders of ephemeral runtimes (no ``@`` in the id) left a day ago by a
-    process that did not close them."""
+def _sweep(files: StateFiles, current: str, older_than_s: float = 86_400.0) -> None:
+    """Remove the folders, untouched for a day, of ephemeral runtimes (no ``@`` in the id)
+    a process did not close, and of older identities of ``current``'s function (same name
+    before the ``@``, another code digest: a deploy of new code)."""
     import time
 
     cutoff = time.time() - older_than_s
+    name_of = current.partition("@")[0] + "@"
     try:
         folders = files.folders()
     except OSError:
         return
     for name, mtime in folders:
-        if "@" not in name and mtime < cutoff:
+        stale = "@" not in name or (name.startswith(name_of) and name != current)
+        if stale and mtime < cutoff:
             files.remove_folder(name)
 
 
@@ -171,7 +188,9 @@ class JvmLookups:
         self.ephemeral = ephemeral
         self._written: dict[int, dict[str, list[str]]] = {}  # id(link) -> table -> names
         self._plan = LookupPlan(function, _columns, JVM_CACHE)
-        _sweep(files)
+        #: per executor JVM, its LRU's evictions when a run last reported it
+        self._evictions: dict[str, int] = {}
+        _sweep(files, self.folder)
 
     @property
     def root(self) -> str:
@@ -259,6 +278,76 @@ class JvmLookups:
             known.add(name)
         return name
 
+    def _stats_name(self, spark: SparkSession) -> str:
+        """The session's registered name of the :data:`STATS_CLASS` UDF."""
+        from pyspark.sql.types import (
+            BooleanType,
+            DoubleType,
+            IntegerType,
+            LongType,
+            StringType,
+            StructField,
+            StructType,
+        )
+
+        from lakecast.jvm.build import STATS_CLASS
+
+        known = _REGISTERED.setdefault(spark, set())
+        if _STATS not in known:
+            if not spark.catalog.functionExists(_STATS):
+                spark.udf.registerJavaFunction(_STATS, STATS_CLASS, StructType([
+                    StructField("executor", StringType()), StructField("jvm", StringType()),
+                    StructField("cold", BooleanType()), StructField("build_ms", DoubleType()),
+                    StructField("state_bytes", LongType()),
+                    StructField("state_rows", LongType()),
+                    StructField("evictions", LongType()),
+                    StructField("lineages", IntegerType())]))
+            known.add(_STATS)
+        return _STATS
+
+    def _measured(self, spark: SparkSession, manifests: Mapping[str, str]) -> list[Any]:
+        """Per lookup, the aggregate of what each task's JVM holds of its state (one
+        ``StateStats`` row per task, as ``__jvm_state<i>``)."""
+        from pyspark.sql import functions as F
+
+        name = self._stats_name(spark)
+        return [F.collect_list(F.call_function(name, F.lit(bytearray(
+            manifests[lk.table].encode())))).alias(f"__jvm_state{i}")
+            for i, lk in enumerate(self.function.lookups)]
+
+    def holders(self, seen: Mapping[str, Any], job: TaskMetrics) -> list[TaskMetrics]:
+        """One accounting row per executor JVM that held the state in this run: its
+        executor and pid, ``cache`` ``"cold"`` where it built a lookup's state from the
+        base for this run (``apply_seconds``: the time its files took), the state bytes
+        it holds (measured in the JVM, summed over the lookups) and the lineages its LRU
+        evicted since the last run this runtime saw of it; the job's counts ride on the
+        first row. No JVM reported (no task had a row): the job's row."""
+        per_jvm: dict[str, dict[str, Any]] = {}
+        for i in range(len(self.function.lookups)):
+            for r in seen.get(f"__jvm_state{i}") or []:
+                r = r.asDict() if hasattr(r, "asDict") else dict(r)
+                h = per_jvm.setdefault(r["jvm"], {"executor": r["executor"], "cold": False,
+                                                  "build": 0.0, "bytes": {}, "evictions": 0})
+                h["cold"] |= bool(r["cold"])
+                h["build"] += float(r["build_ms"]) / 1e3
+                h["bytes"][i] = max(h["bytes"].get(i, 0), int(r["state_bytes"]))
+                h["evictions"] = max(h["evictions"], int(r["evictions"]))
+        if not per_jvm:
+            return [job]
+        rows = []
+        for n, (jvm, h) in enumerate(sorted(per_jvm.items())):
+            evicted = h["evictions"] - self._evictions.get(jvm, 0)
+            self._evictions[jvm] = h["evictions"]
+            pid = jvm.partition("@")[0]
+            rows.append(replace(
+                job, partition=n, pid=int(pid) if pid.isdigit() else 0,
+                cache="cold" if h["cold"] else "warm", state_bytes=sum(h["bytes"].values()),
+                apply_seconds=round(h["build"], 4), executor=h["executor"],
+                evictions=max(evicted, 0),
+                **({} if n == 0 else {"rows_in": 0, "rows_main": 0, "rows_side": {},
+                                      "elements_applied": 0})))
+        return rows
+
     def plan(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], versions: Mapping[str, int],
              events: DataFrame, lineage: bool, function_id: str,
@@ -282,11 +371,13 @@ class JvmLookups:
                 keys[0] if len(keys) == 1 else F.struct(*keys)).alias(f"__lk{i}"))
         return self._plan.run(spark, events_schema, events.select("*", *calls), schemas,
                               versions, lineage, function_id, budget_bytes,
-                              timezone=timezone, state_bytes=state_bytes)
+                              timezone=timezone, state_bytes=state_bytes,
+                              measured=self._measured(spark, manifests), holders=self.holders)
 
     def warm(self, spark: SparkSession, chain: Sequence[ChainLink],
-             schemas: Mapping[str, pa.Schema], tasks: int) -> None:
-        """Build the state in the executors of ``tasks`` tasks (a lookup of no key each)."""
+             schemas: Mapping[str, pa.Schema], tasks: int) -> int:
+        """Build the state in the executors of ``tasks`` tasks (a lookup of no key each);
+        returns the executor JVMs that built a lookup's state from the base."""
         from pyspark.sql import functions as F
 
         manifests = self.manifests(chain, schemas)
@@ -296,4 +387,9 @@ class JvmLookups:
             name = self._function_name(spark, _value_type(schema, lk.column_pairs(schema)))
             cols.append(F.call_function(name, F.lit(bytearray(manifests[lk.table].encode())),
                                         F.lit(None).cast("bigint")).isNull())
-        spark.range(0, tasks, 1, tasks).select(*cols).collect()
+        (row,) = spark.range(0, tasks, 1, tasks).select(*cols).agg(
+            *self._measured(spark, manifests)).collect()
+        job = TaskMetrics(partition=0, pid=0, function_id=self.folder, cache=JVM_CACHE,
+                          elements_applied=0, rows_applied=0, state_version={},
+                          state_bytes=0)
+        return sum(m.cache == "cold" for m in self.holders(row.asDict(), job))

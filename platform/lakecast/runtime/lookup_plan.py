@@ -11,8 +11,9 @@ pinned versions (:mod:`lakecast.runtime.joins`) and the executor JVM's task-loca
 * ``on_missing="unmatched"`` / ``"hold"`` route key misses to those side outputs (hold
   wins), carrying the input event columns;
 * ``_state_version`` is the run's version vector as a literal;
-* the accounting is one row for the whole job, counted by one Spark ``Observation`` during
-  the first action (:class:`JoinedResult`).
+* the accounting is counted by one Spark ``Observation`` during the first action
+  (:class:`JoinedResult`): one row for the whole job, or, where the probe measures what
+  holds its state (the JVM's, one row per executor JVM), the rows it makes of it.
 
 The columns that do not change between runs (values, defaults, routing, side outputs,
 counts) are built once per events schema and reused: each run only attaches its probes'
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 #: values)``: a Column true where the key has no row, and one raw value Column per (state
 #: column, output column) pair
 ProbeColumns = Callable[[int, Lookup, list[tuple[str, str]]], tuple[Any, list[Any]]]
+#: the accounting rows of a run from its observed metrics and the job's one row (its counts)
+Holders = Callable[[Mapping[str, Any], TaskMetrics], list[TaskMetrics]]
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,13 @@ class LookupPlan:
     def run(self, spark: SparkSession, events_schema: StructType, probed: DataFrame,
             schemas: Mapping[str, Any], versions: Mapping[str, int], lineage: bool,
             function_id: str, budget_bytes: int, *, timezone: str | None = None,
-            state_bytes: int = 0) -> JoinedResult:
+            state_bytes: int = 0, measured: Sequence[Any] = (),
+            holders: Holders | None = None) -> JoinedResult:
         """The run's frame over ``probed`` (the events, of ``events_schema``, with every
         lookup's probe columns added), lazy. ``state_bytes``: the state one executor
-        holds (its accounting row's, for the budget)."""
+        holds (its accounting row's, for the budget). ``measured``: aggregates the
+        observations add (the probe's own measurements), which ``holders`` turns into the
+        accounting rows (default: one row for the job)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -147,15 +153,16 @@ class LookupPlan:
         tag = uuid.uuid4().hex[:12]
         observations = [Observation(f"lakecast-joins-{tag}")]
         frame = probed.select(*cols.inputs, *cols.added, cols.route, *cols.sides,
-                              *lineage_col).observe(observations[0], *cols.counts)
+                              *lineage_col).observe(observations[0], *cols.counts,
+                                                    *measured)
         main = None
         if not layout.sides:  # the main output is every row: its own plan, observed last,
             # so nothing sits between the projection and the sink
             observations.append(Observation(f"lakecast-joins-main-{tag}"))
             main = probed.select(*cols.inputs, *cols.added, *lineage_col).observe(
-                observations[1], cols.counts[0])
+                observations[1], cols.counts[0], *measured)
         run = JoinRun(function_id, dict(versions), tuple(observations), main, self.cache,
-                      state_bytes)
+                      state_bytes, holders)
         return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
 
 
@@ -180,6 +187,8 @@ class JoinRun:
     cache: str = "join"
     #: the state one executor JVM holds (0: joins hold none between runs)
     state_bytes: int = 0
+    #: the accounting rows from the observed metrics and the job's row (``None``: that row)
+    holders: Holders | None = None
 
 
 @dataclass
@@ -227,7 +236,8 @@ class JoinedResult(BroadcastResult):
             rows_main=int(seen["rows_main"]) if self.layout.sides else events_in,
             rows_side={n: int(seen[n]) for n in self.layout.sides if int(seen[n])},
             executor="spark")
-        self._task_rows = [metrics.to_row()]
+        rows = [metrics] if self.joins.holders is None else self.joins.holders(seen, metrics)
+        self._task_rows = [m.to_row() for m in rows]
         return self._task_rows
 
     def collect(self, extra: DataFrame | None = None) -> CollectedOutput:

@@ -43,6 +43,8 @@ class TaskMetrics:
     attempt: int = 0
     #: the Spark executor whose Python worker ran the task ("driver": local mode)
     executor: str = "driver"
+    #: states the holder's cache evicted since its last run (the JVM lookups' LRU)
+    evictions: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +70,7 @@ class TaskMetrics:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TaskMetrics:
         row = unpack_task_row(row)
-        d = {k: row[k] for k in TASK_FIELDS}
+        d = {k: row[k] for k in TASK_FIELDS if k in row}
         d["partition"] = d.pop("task")
         d["rows_in"] = d.pop("events_in")
         d["rows_side"] = json.loads(d["rows_side"] or "{}")
@@ -79,7 +81,7 @@ class TaskMetrics:
 #: the fields of a broadcast task's accounting row (:meth:`TaskMetrics.to_row`)
 TASK_FIELDS = ("task", "pid", "function_id", "cache", "elements_applied", "rows_applied",
                "state_version", "state_bytes", "events_in", "rows_main", "rows_side",
-               "apply_seconds", "process_seconds", "attempt", "executor")
+               "apply_seconds", "process_seconds", "attempt", "executor", "evictions")
 TASK_JSON = "task_json"
 #: the accounting row a broadcast task emits after its outputs (see
 #: :mod:`lakecast.pipeline.contract`), as it travels: ONE JSON string. Every main row
@@ -169,6 +171,10 @@ class RunMetrics:
             "resident_copies": self.resident_copies,
             "broadcast_updates_applied": self.broadcast_updates_applied,
             "cold_tasks": sum(t.cache == "cold" for t in self.tasks),
+            "cold_build_seconds": round(max((t.apply_seconds for t in self.tasks
+                                             if t.cache == "cold"), default=0.0), 4),
+            "executors": len(self.executors),
+            "state_evictions": sum(t.evictions for t in self.tasks),
             "state_bytes_per_task": self.state_bytes_per_task,
             "state_bytes_total": self.state_bytes_total,
             "budget_bytes": self.budget_bytes,

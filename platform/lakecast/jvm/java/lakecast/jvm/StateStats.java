@@ -9,8 +9,8 @@ import org.apache.spark.sql.api.java.UDF1;
 
 /**
  * What a task's JVM holds of a lookup's state, measured where it lives: {@code
- * call(manifest)} returns, on a task's first row only (null on the others, so an
- * aggregate of it costs a check per row), {@code (executor, jvm, cold, build_ms,
+ * call(manifest)} returns, on a task's first row of each call (a manifest literal; null on
+ * the others, so an aggregate of it costs a check per row), {@code (executor, jvm, cold, build_ms,
  * state_bytes, state_rows, evictions, lineages)}: the executor and JVM holding the state
  * version the manifest names, whether this JVM built it from the base for this version
  * ({@code cold}) and the milliseconds its files took — reported by the first task to
@@ -20,14 +20,18 @@ import org.apache.spark.sql.api.java.UDF1;
 public final class StateStats implements UDF1<byte[], Row> {
     private static final long serialVersionUID = 1L;
     private static final String JVM = ManagementFactory.getRuntimeMXBean().getName();
-    private transient boolean reported;
+    /** The manifests (by the literal's array) this task reported: each call of the UDF
+     * in a plan is its own literal, and they may share this instance. */
+    private transient java.util.Set<byte[]> reported;
 
     @Override
     public Row call(byte[] manifest) throws Exception {
-        if (reported) {
+        if (reported == null) {
+            reported = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
+        }
+        if (!reported.add(manifest)) {
             return null;
         }
-        reported = true;
         State state = StateLookup.stateAt(new String(manifest, StandardCharsets.UTF_8));
         boolean first = state.claim();
         SparkEnv env = SparkEnv.get();
