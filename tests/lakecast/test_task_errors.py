@@ -36,7 +36,7 @@ def _fails_at_task(spark, tables, damage) -> BaseException:  # noqa: F811
     try:
         assert runtime.state_engine == "jvm"
         result = runtime.process(events, until=VERSIONS)  # planned: the files are written
-        (path,) = state_folder(runtime).glob("*/dim_users-v0.full.arrow")
+        (path,) = state_folder(runtime).glob("*/dim_users-v0-t*.full.arrow")
         damage(path)
         with pytest.raises(Exception) as err:
             result.collect()

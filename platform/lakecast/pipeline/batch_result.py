@@ -27,6 +27,10 @@ class BatchResult:
     state_budget_bytes: int = 0
     updates_applied: int = 0
     cold_tasks: int = 0
+    #: the longest build of a cold state copy (from its chain's files), seconds
+    cold_build_seconds: float = 0.0
+    #: state copies the holders' caches evicted during the batch (the JVM lookups' LRU)
+    state_evictions: int = 0
     #: where the task-local state lived, and why (the runtime's ``state_engine``)
     state_engine: str = ""
     state_engine_reason: str = ""

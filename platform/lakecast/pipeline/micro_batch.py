@@ -274,6 +274,8 @@ class MicroBatchPipeline:
             state_budget_bytes=metrics.budget_bytes,
             updates_applied=metrics.broadcast_updates_applied,
             cold_tasks=int(summary["cold_tasks"]),
+            cold_build_seconds=float(summary.get("cold_build_seconds", 0.0)),
+            state_evictions=int(summary.get("state_evictions", 0)),
             state_engine=self.runtime.state_engine,
             state_engine_reason=self.runtime.state_engine_reason,
             executors=metrics.executors,

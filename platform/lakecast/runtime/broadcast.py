@@ -295,7 +295,7 @@ class BroadcastRuntime(BaseRuntime):
         new = self.refresh(until) if refresh or not self._chain else []
         refresh_s = time.perf_counter() - t0
         if self.jvm is not None:
-            result = self._process_jvm(events)
+            result = self._process_jvm(events, watermark)
             if result is not None:
                 result.new_elements = new
                 result.refresh_seconds = time.perf_counter() - t0
@@ -344,7 +344,8 @@ class BroadcastRuntime(BaseRuntime):
         result.refresh_seconds = time.perf_counter() - t0
         return result
 
-    def _process_jvm(self, events: DataFrame) -> BroadcastResult | None:
+    def _process_jvm(self, events: DataFrame,
+                     watermark: int | None = None) -> BroadcastResult | None:
         """The lookups in the executor JVM, or ``None`` (said once) when the columns'
         types keep them in the Python workers from now on."""
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -360,7 +361,8 @@ class BroadcastRuntime(BaseRuntime):
             return None
         return self.jvm.plan(self.spark, self._chain, self._schemas, self.version, events,
                              self.lineage, self.function_id, self.state_budget_bytes,
-                             timezone=self._tz, state_bytes=self.estimated_state_bytes)
+                             timezone=self._tz, state_bytes=self.estimated_state_bytes,
+                             watermark=watermark)
 
     def warm_up(self, events: Callable[[], DataFrame],
                 until: Mapping[str, int] | None = None) -> int:

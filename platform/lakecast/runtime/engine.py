@@ -11,7 +11,10 @@ it builds; a runtime constructed directly chooses with the same function.
 * ``"joins"``: ``execution="joins"``, a pure ``enrich(Lookup...)`` as Spark broadcast
   joins (:mod:`lakecast.runtime.joins`), no task-local state;
 * ``"jvm"``: a pure ``enrich(Lookup...)`` whose state the executor JVM holds
-  (:mod:`lakecast.runtime.jvm_state`), when the session can run the JVM lookup;
+  (:mod:`lakecast.runtime.jvm_state`), when the session can run the JVM lookup — also one
+  that overrides only ``transform`` / ``output_schema``: its transform then runs
+  vectorized in the Python workers after the JVM's lookups
+  (:mod:`lakecast.runtime.lookup_transform`), said once in the log;
 * ``"python"``: task-local state in the Python workers (checkpointed by
   :class:`~lakecast.snapshots.runtime.SnapshottingRuntime`): any other function,
   ``jvm_lookups=False``, or no JVM lookup in this session (said once, with the reason).
@@ -19,15 +22,19 @@ it builds; a runtime constructed directly chooses with the same function.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from lakecast.api.keyed import KeyedBroadcastProcessFunction
 from lakecast.runtime.joins import not_joinable
 from lakecast.runtime.jvm_state import say_once, unavailable
+from lakecast.runtime.lookup_transform import PYTHON_HOOKS, transforms
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 StateEngine = Literal["python", "jvm", "joins", "keyed"]
 Execution = Literal["tasks", "joins"]
@@ -51,6 +58,11 @@ KEYED = EngineChoice("keyed", "a keyed function: keyed state in Delta, broadcast
                               "the Python workers by key group")
 JOINS = EngineChoice("joins", "execution='joins': each batch runs as Spark broadcast joins")
 JVM = EngineChoice("jvm", "a pure enrich(Lookup...): its state in the executor JVM")
+JVM_TRANSFORM = EngineChoice("jvm", "an enrich(Lookup...) whose only Python is its transform: "
+                                    "lookups in the executor JVM, transform vectorized in "
+                                    "the Python workers")
+#: the functions whose split (lookups in the JVM, transform in Python) was logged
+_TOLD: set[str] = set()
 #: a pure lookup kept in the Python workers because its runtime checkpoints them
 CHECKPOINTED = EngineChoice("python", "a checkpointing runtime: its state in the Python "
                                       "workers")
@@ -73,9 +85,11 @@ def choose_engine(spark: SparkSession, function: object, *, execution: str = "ta
         return JOINS
     if jvm_lookups is False:
         return EngineChoice("python", "jvm_lookups=False")
-    if why:
+    transformed = transforms(function)
+    if why and not transformed:
         if jvm_lookups:
-            raise ValueError(f"jvm_lookups=True: {why}")
+            raise ValueError(f"jvm_lookups=True: {why}; only transform and output_schema "
+                             "may be overridden to keep the lookups in the JVM")
         return EngineChoice("python", f"the function runs in Python ({why})")
     missing = unavailable(spark)
     if missing is not None:
@@ -83,6 +97,14 @@ def choose_engine(spark: SparkSession, function: object, *, execution: str = "ta
             raise ValueError(f"jvm_lookups=True: {missing}")
         say_once(missing)
         return EngineChoice("python", f"JVM lookups unavailable: {missing}")
+    if transformed:
+        name = type(function).__name__
+        if name not in _TOLD:
+            _TOLD.add(name)
+            log.info("%s: its lookups run in the executor JVM, its transform over each Arrow "
+                     "batch in the Python workers (overriding %s would run the whole function "
+                     "in the Python workers)", name, ", ".join(PYTHON_HOOKS))
+        return JVM_TRANSFORM
     return JVM
 
 

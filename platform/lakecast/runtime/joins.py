@@ -27,15 +27,13 @@ from lakecast.api.enrich import Enrichment, Lookup
 from lakecast.delta import io as delta_io
 from lakecast.errors import LakecastError
 from lakecast.runtime.lookup_plan import JoinedResult, LookupPlan
+from lakecast.runtime.lookup_transform import PYTHON_HOOKS, TRANSFORM_HOOKS, overridden
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 #: ``TaskMetrics.cache`` of the joins plan's one accounting row (no Python task state)
 JOIN_CACHE = "join"
-#: the hooks a joinable function must leave as :class:`Enrichment` defines them
-_HOOKS = ("process_batch", "transform", "process_broadcast_element", "process_element",
-          "output_schema", "state_descriptors", "bind_tables")
 
 
 def not_joinable(function: object) -> str | None:
@@ -43,7 +41,7 @@ def not_joinable(function: object) -> str | None:
     if not isinstance(function, Enrichment):
         return (f"{type(function).__name__} is not an enrich(Lookup, ...) Enrichment: only "
                 "pure lookups can be planned as joins")
-    changed = [h for h in _HOOKS if getattr(type(function), h) is not getattr(Enrichment, h)]
+    changed = overridden(function, (*PYTHON_HOOKS, *TRANSFORM_HOOKS))
     if changed:
         return (f"{type(function).__name__} overrides {', '.join(changed)}: Python logic "
                 "runs in the tasks; use execution='tasks'")

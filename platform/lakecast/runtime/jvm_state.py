@@ -7,7 +7,7 @@ executor JVM keeps warm between batches, built from the same chain of broadcast 
 the Python workers apply (:mod:`lakecast.runtime.broadcast`):
 
 * the driver writes each chain link's elements as Arrow IPC files, one per table and
-  version (``<table>-v<version>.full.arrow`` replaces the state,
+  version (``<table>-v<version>-t<commit ms>.full.arrow`` replaces the state,
   ``.changes.arrow`` applies a version's changes), under
   ``<state root>/<function id>/<lookup digest>/`` (``LAKECAST_JVM_STATE_ROOT``, by default
   ``<checkpoint root>/_jvm-state``: a local folder or a ``s3a://`` URI, written through
@@ -203,8 +203,10 @@ class JvmLookups:
         return f"{self.folder}/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
     def _write_element(self, lk: Lookup, schema: pa.Schema, e: BroadcastElement) -> str:
-        name = f"{self._lookup_folder(lk, schema)}/{_safe(lk.table)}-v{e.version}.{e.kind}.arrow"
-        if self.files.exists(name):  # same table version, kind and columns: the same rows
+        # the commit's time tells a recreated table's version from the old table's
+        name = (f"{self._lookup_folder(lk, schema)}/{_safe(lk.table)}-v{e.version}"
+                f"-t{e.commit_timestamp}.{e.kind}.arrow")
+        if self.files.exists(name):  # same table commit, kind and columns: the same rows
             return name
         rows = e.rows
         keys = [s for _, s in lk.key_pairs]
@@ -352,7 +354,7 @@ class JvmLookups:
              schemas: Mapping[str, pa.Schema], versions: Mapping[str, int],
              events: DataFrame, lineage: bool, function_id: str,
              budget_bytes: int, timezone: str | None = None,
-             state_bytes: int = 0) -> JoinedResult:
+             state_bytes: int = 0, watermark: int | None = None) -> JoinedResult:
         """The run of the lookups over ``events`` at the end of ``chain`` (lazy)."""
         from pyspark.sql import functions as F
 
@@ -372,7 +374,8 @@ class JvmLookups:
         return self._plan.run(spark, events_schema, events.select("*", *calls), schemas,
                               versions, lineage, function_id, budget_bytes,
                               timezone=timezone, state_bytes=state_bytes,
-                              measured=self._measured(spark, manifests), holders=self.holders)
+                              measured=self._measured(spark, manifests), holders=self.holders,
+                              watermark=watermark)
 
     def warm(self, spark: SparkSession, chain: Sequence[ChainLink],
              schemas: Mapping[str, pa.Schema], tasks: int) -> int:

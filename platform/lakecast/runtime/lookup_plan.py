@@ -40,6 +40,7 @@ from lakecast.runtime.executor import (
     OutputLayout,
     version_json,
 )
+from lakecast.runtime.lookup_transform import apply_transform, transforms
 from lakecast.runtime.metrics import TaskMetrics
 from lakecast.runtime.result import BroadcastResult
 from lakecast.spark import observed_metrics
@@ -63,6 +64,8 @@ class _Columns:
     layout: OutputLayout
     inputs: list[Any]
     added: list[Any]
+    #: the names of the events' and the added columns (what ``transform`` gets)
+    enriched: list[str]
     route: Any
     sides: list[Any]
     counts: list[Any]
@@ -77,6 +80,8 @@ class LookupPlan:
         #: the accounting row's ``cache`` (:data:`~lakecast.runtime.joins.JOIN_CACHE`,
         #: :data:`~lakecast.runtime.jvm_state.JVM_CACHE`)
         self.cache = cache
+        #: the function's ``transform`` runs after the probes (:mod:`.lookup_transform`)
+        self.transforms = transforms(function)
         self._columns: dict[tuple[str, ...], _Columns] = {}
 
     def _build(self, schemas: Mapping[str, Any], event_schema: StructType, lineage: bool,
@@ -93,6 +98,7 @@ class LookupPlan:
         inputs = [F.col(f"`{c}`") for c in event_schema.fieldNames()]
         misses: dict[str, list[Any]] = {"unmatched": [], "hold": []}
         added: list[Any] = []
+        names = list(event_schema.fieldNames())
         for i, lk in enumerate(function.lookups):
             pairs = lk.column_pairs(schemas[lk.table])
             missed, values = self.probe(i, lk, pairs)
@@ -103,6 +109,7 @@ class LookupPlan:
                     value = F.when(missed, F.lit(default).cast(main_types[out])).otherwise(
                         value)
                 added.append(value.alias(out))
+                names.append(out)
             policy = function.policy(lk)
             if policy in misses:
                 misses[policy].append(missed)
@@ -127,18 +134,20 @@ class LookupPlan:
         if layout.sides:  # else every event is a main row
             counts.append(F.count_if(tagged.isNull()).alias("rows_main"))
             counts += [F.count_if(tagged == F.lit(n)).alias(n) for n in layout.sides]
-        return _Columns(layout, inputs, added, route.alias(OUTPUT_COLUMN), sides, counts)
+        return _Columns(layout, inputs, added, names, route.alias(OUTPUT_COLUMN), sides,
+                        counts)
 
     def run(self, spark: SparkSession, events_schema: StructType, probed: DataFrame,
             schemas: Mapping[str, Any], versions: Mapping[str, int], lineage: bool,
             function_id: str, budget_bytes: int, *, timezone: str | None = None,
             state_bytes: int = 0, measured: Sequence[Any] = (),
-            holders: Holders | None = None) -> JoinedResult:
+            holders: Holders | None = None, watermark: int | None = None) -> JoinedResult:
         """The run's frame over ``probed`` (the events, of ``events_schema``, with every
         lookup's probe columns added), lazy. ``state_bytes``: the state one executor
         holds (its accounting row's, for the budget). ``measured``: aggregates the
         observations add (the probe's own measurements), which ``holders`` turns into the
-        accounting rows (default: one row for the job)."""
+        accounting rows (default: one row for the job). ``watermark``: what ``transform``'s
+        context says (a function that transforms)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -152,15 +161,22 @@ class LookupPlan:
         lineage_col = [F.lit(version_json(versions)).alias(VERSION_COLUMN)] if lineage else []
         tag = uuid.uuid4().hex[:12]
         observations = [Observation(f"lakecast-joins-{tag}")]
-        frame = probed.select(*cols.inputs, *cols.added, cols.route, *cols.sides,
-                              *lineage_col).observe(observations[0], *cols.counts,
-                                                    *measured)
+
+        def view(*passed: Any) -> DataFrame:
+            if not self.transforms:
+                return probed.select(*cols.inputs, *cols.added, *passed, *lineage_col)
+            done = apply_transform(probed.select(*cols.inputs, *cols.added, *passed),
+                                   self.function, cols.enriched, layout.main, versions,
+                                   watermark)
+            return done.select("*", *lineage_col) if lineage_col else done
+
+        frame = view(cols.route, *cols.sides).observe(observations[0], *cols.counts,
+                                                      *measured)
         main = None
         if not layout.sides:  # the main output is every row: its own plan, observed last,
             # so nothing sits between the projection and the sink
             observations.append(Observation(f"lakecast-joins-main-{tag}"))
-            main = probed.select(*cols.inputs, *cols.added, *lineage_col).observe(
-                observations[1], cols.counts[0], *measured)
+            main = view().observe(observations[1], cols.counts[0], *measured)
         run = JoinRun(function_id, dict(versions), tuple(observations), main, self.cache,
                       state_bytes, holders)
         return JoinedResult(frame, layout, dict(versions), [], budget_bytes, joins=run)
