@@ -19,7 +19,7 @@ from lakecast.errors import LakecastError
 #: what ``StateLookup`` (the JVM lookup) says of a state file it cannot use
 _STATE = re.compile(r"Lakecast JVM lookup state (file|manifest) (\S+) is "
                     r"(missing|unreadable)(?: \(([^()]*(?:\([^()]*\))?[^()]*)\))?")
-_FILE = re.compile(r"(?P<table>[^/]+)-v(?P<version>\d+)\.(full|changes)\.arrow$")
+_FILE = re.compile(r"(?P<table>[^/]+)-v(?P<version>\d+)(-t\d+)?\.(full|changes)\.arrow$")
 _MANIFEST = re.compile(r"(?P<table>[^/]+)@[0-9a-f]+\.manifest$")
 #: Delta Spark's conflicts a commit cannot reconcile (its own retries gave up)
 _CONFLICT = re.compile(r"(Concurrent(Append|DeleteRead|DeleteDelete|Transaction)Exception|"
