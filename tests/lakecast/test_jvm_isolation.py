@@ -97,3 +97,56 @@ def test_two_lookups_of_one_value_type_alternate_without_reloads(spark, tmp_path
         same.close()
         other.close()
         events.unpersist()
+
+
+_LRU_SCRIPT = """
+import json, sys
+from pyspark.sql import functions as F
+from lakecast import BroadcastRuntime, Lookup, enrich
+from lakecast.delta import io as delta_io
+from lakecast.spark import get_spark
+
+spark = get_spark(app_name="lakecast-lru-test")
+root = sys.argv[1]
+paths = {t: f"{root}/{t}" for t in ("a", "b")}
+for t, p in paths.items():
+    delta_io.write(spark.range(100).select(F.col("id").alias(f"k_{t}"),
+                                           F.concat(F.lit(t), F.col("id")).alias(f"v_{t}")),
+                   p, mode="overwrite")
+events = spark.range(50).select(F.col("id").alias("k_a"), F.col("id").alias("k_b"))
+runtime = BroadcastRuntime(spark, enrich(Lookup("a", key="k_a"), Lookup("b", key="k_b")),
+                           paths, lineage=False)
+out = []
+for _ in range(3):
+    result = runtime.process(events.coalesce(1))
+    rows = result.collect().main.sort_by("k_a").to_pylist()
+    summary = result.metrics().summary()
+    out.append({"engine": runtime.state_engine, "cold": summary["cold_tasks"],
+                "evictions": summary["state_evictions"],
+                "ok": all(r["v_a"] == f"a{r['k_a']}" and r["v_b"] == f"b{r['k_b']}"
+                          for r in rows) and len(rows) == 50})
+runtime.close()
+print(json.dumps(out))
+"""
+
+
+def test_the_lru_limit_is_configurable_and_its_evictions_counted(tmp_path):
+    """``spark.lakecast.jvm.maxLineages=1`` (through LAKECAST_SPARK_CONF, in a Spark of its
+    own): two lookups need two states, so every batch evicts one and rebuilds it cold — the
+    rows stay right, and the batch's metrics count the evictions and the cold copy."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LAKECAST_SPARK_CONF": "spark.lakecast.jvm.maxLineages=1",
+           "LAKECAST_SPARK_REMOTE": ""}
+    proc = subprocess.run([sys.executable, "-c", _LRU_SCRIPT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    batches = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(b["engine"] == "jvm" and b["ok"] for b in batches), batches
+    # batch 1 builds both (one evicted on the way); each later batch rebuilds what the
+    # other lookup evicted
+    assert batches[0]["cold"] == 1 and all(b["evictions"] >= 1 for b in batches), batches
+    assert all(b["cold"] == 1 for b in batches[1:]), batches

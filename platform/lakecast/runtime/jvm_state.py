@@ -1,7 +1,10 @@
 """Task-local broadcast state in the executor JVM: the default for a pure ``enrich(Lookup...)``.
 
-A pure :func:`~lakecast.api.enrich.enrich` (no ``transform``, no hook of its own) needs no
-Python in the tasks. With ``execution="tasks"`` (the default) its lookups run in the
+A pure :func:`~lakecast.api.enrich.enrich` (no hook of its own) needs no Python in the
+tasks, and an :class:`~lakecast.api.enrich.Enrichment` overriding only ``transform`` /
+``output_schema`` needs it only for its transform (run after the lookups,
+:mod:`lakecast.runtime.lookup_transform`). With ``execution="tasks"`` (the default) their
+lookups run in the
 executor JVM, in :mod:`lakecast.jvm`'s ``StateLookup`` Java UDF, against a state each
 executor JVM keeps warm between batches, built from the same chain of broadcast elements
 the Python workers apply (:mod:`lakecast.runtime.broadcast`):
@@ -19,13 +22,16 @@ the Python workers apply (:mod:`lakecast.runtime.broadcast`):
   an earlier link applies only the files after it; a cold one (a new executor, or a new
   runtime) reads the base. The run's state version is fixed on the driver before the job,
   as a literal of the manifest, so a retried task computes the same result;
-* defaults, routing of misses, side outputs, lineage and accounting are those of
-  :class:`~lakecast.runtime.lookup_plan.LookupPlan` (one observation; the accounting row's
-  ``cache`` is :data:`JVM_CACHE`), built once per runtime and events schema: a run only
-  adds its lookups' calls, whose manifests name its version.
+* defaults, routing of misses, side outputs and lineage are those of
+  :class:`~lakecast.runtime.lookup_plan.LookupPlan`, built once per runtime and events
+  schema: a run only adds its lookups' calls, whose manifests name its version;
+* the accounting is measured where the state lives: the run's observation collects, per
+  task and lookup, a ``StateStats`` row (executor, JVM, cold or warm, build time, state
+  bytes, evictions), and :meth:`JvmLookups.holders` makes one accounting row per executor
+  JVM of them, so the budget counts every copy.
 
 Not available (said once, with the reason; the lookups then run in the Python workers):
-the JAR was not built (no JDK at ``lakecast setup``), the session was started without it,
+the JAR is not there (see :mod:`lakecast.jvm.build`), the session was started without it,
 or a key or value column has a type the JVM state does not hold (keys: integers, strings,
 booleans, decimals; values: those plus floats, dates, timestamps, binary). Executors read the
 state root with the cluster's credentials: on a cluster without a shared disk, put it (and

@@ -2,6 +2,7 @@ package lakecast.jvm;
 
 import java.io.FileNotFoundException;
 import java.io.IOException;
+import java.lang.ref.WeakReference;
 import java.nio.charset.StandardCharsets;
 import java.time.Instant;
 import java.time.LocalDate;
@@ -71,6 +72,8 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             }
         };
     private static int maxLineages = -1;
+    /** The state each manifest's lookups last resolved (weakly: the LRU decides). */
+    private static final Map<String, WeakReference<State>> RESOLVED = new ConcurrentHashMap<>();
 
     /** The manifests this task's calls named (by the literal's array) and their states. */
     private transient byte[][] manifests;
@@ -102,7 +105,12 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
                 return states[i];
             }
         }
-        State state = stateAt(new String(manifest, StandardCharsets.UTF_8));
+        String uri = new String(manifest, StandardCharsets.UTF_8);
+        State state = stateAt(uri);
+        if (RESOLVED.size() > 256) {
+            RESOLVED.clear();
+        }
+        RESOLVED.put(uri, new WeakReference<>(state));
         System.arraycopy(manifests, 0, manifests, 1, manifests.length - 1);
         System.arraycopy(states, 0, states, 1, states.length - 1);
         manifests[0] = manifest;
@@ -129,6 +137,15 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
         synchronized (LINEAGES) {
             return LINEAGES.size();
         }
+    }
+
+    /** The state a lookup of this JVM last resolved for {@code manifest} (what a task's
+     * {@link StateStats} reports: not rebuilt if the LRU evicted it since), else the state
+     * the manifest names. */
+    static State resolved(String manifest) throws IOException {
+        WeakReference<State> ref = RESOLVED.get(manifest);
+        State state = ref == null ? null : ref.get();
+        return state != null ? state : stateAt(manifest);
     }
 
     /** The state the manifest names, built or brought forward in this JVM. */

@@ -32,7 +32,7 @@ public final class StateStats implements UDF1<byte[], Row> {
         if (!reported.add(manifest)) {
             return null;
         }
-        State state = StateLookup.stateAt(new String(manifest, StandardCharsets.UTF_8));
+        State state = StateLookup.resolved(new String(manifest, StandardCharsets.UTF_8));
         boolean first = state.claim();
         SparkEnv env = SparkEnv.get();
         return RowFactory.create(env == null ? "driver" : env.executorId(), JVM,
