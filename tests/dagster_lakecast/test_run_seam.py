@@ -104,8 +104,9 @@ def test_a_component_subclass_overrides_execute(spark, lake: Settings) -> None:
             events = result.get_asset_materialization_events()
             assert len(events) == 2  # the main output and the side output
             assert all(e.materialization.metadata["audited"].value is True for e in events)
-            # the batch names its state engine and why (ToEur overrides transform)
+            # the batch names its state engine and why (ToEur overrides only transform:
+            # its lookups in the executor JVM, its transform after them)
             meta = events[0].materialization.metadata
-            assert meta["state_engine"].value == "python"
-            assert "runs in Python" in meta["state_engine_reason"].value
+            assert meta["state_engine"].value == "jvm"
+            assert "transform vectorized" in meta["state_engine_reason"].value
     assert_output(lake, reference(new))
