@@ -53,7 +53,7 @@ def load_problem(spark: SparkSession) -> str | None:
     try:
         spark.udf.registerJavaFunction(PROBE_NAME, STATS_CLASS, StringType())
     except Exception as e:
-        said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200].rstrip(".")
         local = Path(jar.removeprefix("file:"))
         found = jar_problem(local) if local.is_file() else None
         problem = (f"the Spark session cannot load the JVM lookup JAR {jar} ({said}"
