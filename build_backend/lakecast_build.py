@@ -11,12 +11,18 @@ pyspark is a build requirement of the wheel only, at the version ``constraints.t
 (the project's lock; the runtime uses a shipped JAR only when its pyspark is that version):
 an isolated build installs it, ``--no-build-isolation`` uses the environment's. An
 editable install (``pip install -e``) builds no JAR and needs no pyspark to build:
-``lakecast setup`` compiles the JAR there. ``LAKECAST_BUILD_JVM_JAR=0`` builds a wheel
-without the JAR (its users then need a JDK for the JVM lookups).
+``lakecast setup`` compiles the JAR there.
+
+``LAKECAST_BUILD_JVM_JAR``: unset, the JAR is built when a JDK is found, else the build
+warns and the wheel ships none (installing from a checkout without a JDK keeps working;
+``lakecast setup`` then compiles the JAR where a JDK is, else pure lookups run in the
+Python workers, said once); ``1`` requires it (a release's build: no JDK is an error);
+``0`` builds a wheel without it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -56,14 +62,28 @@ def pyspark_requirement(root: Path = ROOT) -> str:
     return m.group(1) if m else "pyspark"
 
 
+def jar_mode() -> str:
+    """``LAKECAST_BUILD_JVM_JAR``: ``"1"`` (required), ``"0"`` (skipped) or ``"auto"``."""
+    value = os.environ.get("LAKECAST_BUILD_JVM_JAR", "").strip()
+    return value if value in ("0", "1") else "auto"
+
+
+def builds_jar() -> bool:
+    """Whether a wheel's build compiles the JAR (``"auto"``: when a JDK is found)."""
+    mode = jar_mode()
+    return mode == "1" or (mode == "auto" and _javac_module().find_javac() is not None)
+
+
 def get_requires_for_build_wheel(config_settings=None) -> list[str]:
-    """setuptools' requirements, plus pyspark (its JARs, compiled against)."""
+    """setuptools' requirements, plus pyspark (its JARs, compiled against) when the
+    build compiles the JAR."""
     requires = list(setuptools_wheel_requires(config_settings))
-    if os.environ.get("LAKECAST_BUILD_JVM_JAR", "1") != "0":
+    if builds_jar():
         requires.append(pyspark_requirement())
     return requires
 
 
+@functools.cache
 def _javac_module():
     """``lakecast/jvm/javac.py`` loaded by its path (the standard library only)."""
     path = ROOT / JVM_DIR / "javac.py"
@@ -85,12 +105,18 @@ class BuildPy(build_py):
         return [str(folder / javac.JAR_NAME), str(folder / javac.DIGEST_NAME)]
 
     def wants_jar(self) -> bool:
-        return not self.editable_mode and os.environ.get("LAKECAST_BUILD_JVM_JAR", "1") != "0"
+        return not self.editable_mode and builds_jar()
 
     def run(self) -> None:
         super().run()
         if self.wants_jar():
             self.build_jar()
+        elif not self.editable_mode and jar_mode() == "auto":
+            print("lakecast: WARNING: no JDK (javac) found, so this wheel ships no JVM "
+                  "lookup JAR: its users need a JDK for `lakecast setup` to compile it, "
+                  "else pure lookups run in the Python workers; install one (e.g. apt-get "
+                  "install -y openjdk-17-jdk-headless) and build again, or set "
+                  "LAKECAST_BUILD_JVM_JAR=1 to make this an error", file=sys.stderr)
 
     def build_jar(self) -> None:
         import pyspark
@@ -100,9 +126,9 @@ class BuildPy(build_py):
         if compiler is None:
             raise SystemExit(
                 "error: building lakecast's wheel compiles its JVM lookup JAR with javac, and "
-                "no JDK was found (JAVA_HOME, PATH): install one (e.g. apt-get install -y "
-                "openjdk-17-jdk-headless), or set LAKECAST_BUILD_JVM_JAR=0 to build a wheel "
-                "without the JAR")
+                "no JDK was found (JAVA_HOME, PATH) while LAKECAST_BUILD_JVM_JAR=1: install "
+                "one (e.g. apt-get install -y openjdk-17-jdk-headless), or unset it to build "
+                "a wheel without the JAR")
         jar, digest_file = map(Path, self.jar_outputs())
         source_dir = ROOT / JVM_DIR / "java"
         try:

@@ -188,6 +188,29 @@ def _no_jdk(tmp_path: Path) -> tuple[str, str]:
     return f"{home / 'bin'}{os.pathsep}{commands}", str(home)
 
 
+def test_a_wheel_built_without_a_jdk_ships_no_jar_and_says_so(tmp_path):
+    """No javac at build time: the wheel builds (an install from a checkout keeps
+    working), without the JAR and without pyspark in its build environment, and the build
+    says so; with LAKECAST_BUILD_JVM_JAR=1 (a release's build) it is an error instead."""
+    src = _copy_sources(tmp_path / "src")
+    path, java_home = _no_jdk(tmp_path)
+    env = {**os.environ, "PATH": path, "JAVA_HOME": java_home}
+    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w",
+           str(tmp_path / "dist"), str(src)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "no JDK (javac) found, so this wheel ships no JVM lookup JAR" in out
+    assert "pyspark" not in " ".join(ln for ln in out.splitlines() if "Collecting" in ln)
+    (whl,) = (tmp_path / "dist").glob("lakecast-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    assert f"lakecast/jvm/{JAR_NAME}" not in names and "lakecast/jvm/build.py" in names
+    strict = subprocess.run(cmd, env={**env, "LAKECAST_BUILD_JVM_JAR": "1"},
+                            capture_output=True, text=True, timeout=600)
+    assert strict.returncode != 0
+    assert "LAKECAST_BUILD_JVM_JAR=1" in strict.stdout + strict.stderr
+
+
 @pytest.mark.slow
 def test_without_a_jdk_the_shipped_jar_runs_the_lookups_in_the_jvm(wheel, tmp_path):
     """A virtualenv with the wheel (its dependencies: this project's venv, through a .pth)

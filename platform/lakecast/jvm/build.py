@@ -82,7 +82,8 @@ def _no_jar_reason() -> str:
     """Why the package's own JAR cannot be used (for the no-JDK error)."""
     recorded = read_digest(SHIPPED_DIGEST)
     if not SHIPPED_JAR.exists() or recorded is None:
-        return "this lakecast install ships no JVM lookup JAR (a source checkout)"
+        return ("this lakecast install ships no JVM lookup JAR (a source checkout, or a "
+                "wheel built without a JDK)")
     import pyspark
 
     return (f"the JAR this lakecast install ships was built for pyspark {recorded[1]} "
