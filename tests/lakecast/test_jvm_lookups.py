@@ -282,6 +282,7 @@ def test_setup_compiles_the_jar_with_javac_and_names_the_fix_without_a_jdk(tmp_p
     from lakecast.errors import SetupError
     from lakecast.jvm import build
 
+    monkeypatch.setattr(build, "shipped_jar", lambda: None)  # (an installed wheel ships one)
     settings = get_settings({**os.environ, "LAKECAST_JARS_DIR": str(tmp_path / "jars")})
     jar = build.build(settings)  # the JDK's javac, against pyspark's JARs
     assert jar == build.jar_path(settings) and jar.parent.name == build.source_digest()

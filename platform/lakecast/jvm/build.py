@@ -1,105 +1,126 @@
-"""Build the JVM lookup's JAR from its source, once per source and Spark version.
+"""The JVM lookup's JAR: shipped in the wheel, else compiled once per source and Spark.
 
-``lakecast setup`` runs :func:`build`: ``javac`` (a JDK's, ``JAVA_HOME`` first) compiles
-``java/`` against the JARs pyspark ships (Spark's Row and UDF interfaces, Arrow Java),
-into ``<JAR cache>/lakecast-jvm/<digest>/lakecast-jvm.jar``; the digest covers the sources
-and the pyspark version, so another source or Spark gets its own JAR and nothing stale is
-loaded. Nothing is downloaded. Without a JDK the JAR is not built and pure lookups run in
-the Python workers (:func:`lakecast.runtime.jvm_state.unavailable` says so once).
+The wheel carries the JAR: its build step (``build_backend/lakecast_build.py``) compiles
+``java/`` with a JDK's ``javac`` against the JARs of the pyspark it builds with, into
+``lakecast/jvm/lakecast-jvm.jar``, beside ``lakecast-jvm.digest`` (the digest of the
+sources and that pyspark version, :func:`source_digest`). An installed lakecast therefore
+needs a Java 17 runtime (a JRE), not a JDK.
+
+``lakecast setup`` runs :func:`build`: it puts the JAR of the current digest into
+``<JAR cache>/lakecast-jvm/<digest>/lakecast-jvm.jar``, beside the Delta JARs: a copy of
+the shipped JAR when its recorded digest is the current one (no JDK needed), else
+compiled with ``javac`` (``JAVA_HOME``'s first) against pyspark's JARs. The digest covers
+the sources and the pyspark version, so another source or Spark gets its own JAR and
+nothing stale is loaded; nothing is downloaded. Without a matching shipped JAR and without
+a JDK there is no JAR, and pure lookups run in the Python workers
+(:func:`lakecast.runtime.jvm_state.unavailable` says so once, as it does for a JAR the
+Spark session cannot load).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
-import subprocess
-import tempfile
-import zipfile
 from pathlib import Path
 
 from lakecast.config import Settings, get_settings
 from lakecast.errors import SetupError
+from lakecast.jvm.javac import (
+    DIGEST_NAME,
+    JAR_NAME,
+    CompileError,
+    compile_jar,
+    digest,
+    find_javac,
+    jar_problem,
+    read_digest,
+)
+
+__all__ = ["JAR_NAME", "LOOKUP_CLASS", "SHIPPED_JAR", "STATS_CLASS", "build", "built_jar",
+           "find_javac", "jar_path", "shipped_jar", "source_digest"]
 
 SOURCE_DIR = Path(__file__).resolve().parent / "java"
-JAR_NAME = "lakecast-jvm.jar"
+#: the JAR the wheel ships (absent in a source checkout, e.g. an editable install)
+SHIPPED_JAR = Path(__file__).resolve().parent / JAR_NAME
+#: its recorded digest (see :func:`source_digest`)
+SHIPPED_DIGEST = Path(__file__).resolve().parent / DIGEST_NAME
 #: the UDF class registered with ``spark.udf.registerJavaFunction``
 LOOKUP_CLASS = "lakecast.jvm.StateLookup"
 #: the UDF reporting, per task, what its JVM holds of a lookup's state
 STATS_CLASS = "lakecast.jvm.StateStats"
-#: pyspark's JARs the source compiles against
-_COMPILE_AGAINST = ("arrow-vector-", "arrow-memory-core-", "arrow-format-", "spark-sql-api_",
-                    "spark-catalyst_", "spark-core_", "spark-unsafe_", "kryo-shaded-",
-                    "scala-library-", "hadoop-client-api-",
-                    "spark-common-utils_")
-
-
-def _sources() -> list[Path]:
-    return sorted(SOURCE_DIR.rglob("*.java"))
 
 
 def source_digest() -> str:
     """A digest of the Java sources and the pyspark version they compile against."""
     import pyspark
 
-    h = hashlib.sha256(pyspark.__version__.encode())
-    for src in _sources():
-        h.update(src.relative_to(SOURCE_DIR).as_posix().encode())
-        h.update(src.read_bytes())
-    return h.hexdigest()[:16]
+    return digest(pyspark.__version__, SOURCE_DIR)
 
 
 def jar_path(settings: Settings | None = None) -> Path:
-    """Where the JAR of the current sources lives (built or not)."""
+    """Where the JAR of the current sources lives in the JAR cache (there or not)."""
     settings = settings or get_settings()
     return settings.jars_dir / "lakecast-jvm" / source_digest() / JAR_NAME
 
 
+def shipped_jar() -> Path | None:
+    """The JAR the package ships, when its recorded digest is the current
+    :func:`source_digest` (the same sources, built against this pyspark version)."""
+    recorded = read_digest(SHIPPED_DIGEST)
+    if not SHIPPED_JAR.exists() or recorded is None or recorded[0] != source_digest():
+        return None
+    return SHIPPED_JAR
+
+
 def built_jar(settings: Settings | None = None) -> Path | None:
-    """The JAR of the current sources when it is built."""
+    """The JAR of the current sources: the JAR cache's (``lakecast setup`` put it there),
+    else the package's own when it matches (:func:`shipped_jar`); ``None``: neither."""
     path = jar_path(settings)
-    return path if path.exists() else None
+    return path if path.exists() else shipped_jar()
 
 
-def find_javac() -> str | None:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "javac").exists():
-        return str(Path(java_home) / "bin" / "javac")
-    return shutil.which("javac")
+def _no_jar_reason() -> str:
+    """Why the package's own JAR cannot be used (for the no-JDK error)."""
+    recorded = read_digest(SHIPPED_DIGEST)
+    if not SHIPPED_JAR.exists() or recorded is None:
+        return ("this lakecast install ships no JVM lookup JAR (a source checkout, or a "
+                "wheel built without a JDK)")
+    import pyspark
+
+    return (f"the JAR this lakecast install ships was built for pyspark {recorded[1]} "
+            f"(digest {recorded[0]}), this environment has pyspark {pyspark.__version__} "
+            f"(digest {source_digest()})")
 
 
 def build(settings: Settings | None = None, force: bool = False) -> Path:
-    """Compile the sources into :func:`jar_path` (a no-op when built); a
-    :class:`SetupError` naming the fix when there is no JDK or javac fails."""
+    """Put the JAR of the current sources at :func:`jar_path` (a no-op when a readable
+    one is there and not ``force``): the shipped JAR when it matches, else compiled with
+    ``javac``; a :class:`SetupError` naming the fix when neither can be had."""
     from lakecast.jars import pyspark_jars_dir
 
     target = jar_path(settings)
-    if target.exists() and not force:
+    if target.exists() and not force and jar_problem(target) is None:
+        return target
+    shipped = shipped_jar()
+    if shipped is not None and jar_problem(shipped) is None:
+        print(f"==> installing the JVM lookup JAR shipped with lakecast into {target.parent}",
+              flush=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        shutil.copyfile(shipped, partial)
+        partial.replace(target)
         return target
     javac = find_javac()
     if javac is None:
+        problem = jar_problem(shipped) if shipped is not None else None
+        why = (f"the JAR this lakecast install ships ({shipped}) is damaged: {problem}; "
+               "reinstall lakecast (pip install --force-reinstall lakecast)"
+               if problem else _no_jar_reason())
         raise SetupError(
-            "javac (a JDK) was not found, so the JVM lookup JAR was not built and pure "
-            "enrich(Lookup...) functions run in the Python workers; install a JDK (e.g. "
+            f"javac (a JDK) was not found and {why}, so the JVM lookup JAR was not built and "
+            "pure enrich(Lookup...) functions run in the Python workers; install a JDK (e.g. "
             "apt-get install -y openjdk-17-jdk-headless) and run `lakecast setup` again")
-    jars = [str(p) for p in sorted(pyspark_jars_dir().glob("*.jar"))
-            if p.name.startswith(_COMPILE_AGAINST)]
-    with tempfile.TemporaryDirectory() as tmp:
-        classes = Path(tmp) / "classes"
-        cmd = [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8",
-               "-cp", os.pathsep.join(jars), "-d", str(classes), *map(str, _sources())]
-        # in the temporary folder: javac leaves a javac.<date>.args file where it fails
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
-        if proc.returncode != 0:
-            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln][:3]
-            raise SetupError(f"javac could not compile the JVM lookup ({'; '.join(errors)})"
-                             f"; run `{' '.join(cmd[:2])} ...` by hand to see why")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
-            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n"
-                                                 "Created-By: lakecast\n\n")
-            for cls in sorted(classes.rglob("*.class")):
-                jar.write(cls, cls.relative_to(classes).as_posix())
-        partial.replace(target)
-    return target
+    print(f"==> compiling the JVM lookup JAR with {javac} into {target.parent}", flush=True)
+    try:
+        return compile_jar(javac, pyspark_jars_dir(), target, SOURCE_DIR)
+    except CompileError as e:
+        raise SetupError(str(e)) from None

@@ -100,7 +100,9 @@ def unavailable(spark: SparkSession) -> str | None:
         return ("this Spark session was started without the JVM lookup JAR (start it with "
                 "lakecast.spark.get_spark, or restart the Lakecast Spark server after "
                 "`lakecast setup`)")
-    return None
+    from lakecast.jvm.probe import load_problem
+
+    return load_problem(spark)  # a JAR it cannot load (e.g. damaged): the path and fix
 
 
 def _key_ok(t: pa.DataType) -> bool:

@@ -33,7 +33,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     kept = jars.setup(force=args.force)
-    try:  # without a JDK, pure lookups run in the Python workers: a warning, not a failure
+    # the JAR the package ships beside the Delta JARs (compiled with javac when none
+    # matches); without either, pure lookups run in the Python workers: a warning
+    try:
         build(settings, force=args.force)
     except SetupError as e:
         print(f"warning: {e}", file=sys.stderr)
@@ -42,7 +44,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
           f"{settings.lake_root}")
     jar = built_jar(settings)
     print(f"JVM lookup JAR: {jar}" if jar else
-          "JVM lookup JAR: not built (no JDK): pure lookups run in the Python workers")
+          "JVM lookup JAR: none (no matching shipped JAR, no JDK): pure lookups run in "
+          "the Python workers")
     return 0
 
 
