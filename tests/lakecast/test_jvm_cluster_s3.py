@@ -84,7 +84,11 @@ def s3_cluster(monkeypatch) -> Iterator[tuple[Cluster, Settings, str]]:
         cluster = Cluster(get_settings(), port=ch.free_port(span=6),
                           server_port=ch.free_port())
         try:
+            # the server has the s3a settings from its Settings (keys in its core-site.xml);
+            # the workers, and so the executors, do not get them in their environment
+            monkeypatch.delenv("LAKECAST_SPARK_CONF")
             cluster.up(workers=2)
+            monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(endpoint))
             monkeypatch.setenv("LAKECAST_SPARK_REMOTE", cluster.server.url)
             yield cluster, get_settings(), endpoint
         finally:
@@ -311,8 +315,12 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
             seen |= pids
         assert seen == set(executors(cluster)), "a batch ran on one executor only"
 
-        # the executors fetched the S3A and AWS SDK JARs from the driver (spark.jars)
-        for cwd in executors(cluster).values():
+        # the executors fetched the S3A and AWS SDK JARs from the driver (spark.jars); no
+        # credentials in their environment: they read the state with the driver's settings
+        for pid, cwd in executors(cluster).items():
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert not [e for e in env if e.startswith((b"LAKECAST_SPARK_CONF=", b"AWS_ACCESS",
+                                                        b"AWS_SECRET", b"HADOOP_CONF_DIR="))]
             fetched = {p.name for p in Path(cwd).glob("*.jar")}
             assert "hadoop-aws-3.5.0.jar" in fetched and "s3-2.35.4.jar" in fetched, fetched
 
@@ -328,16 +336,23 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
         # the driver knows it (a probe job runs on both executors)
         wait_for("two executors taking tasks", lambda: len(ch.executors_of(spark)) == 2, 90)
 
-        # batch 4 at a new version: the replacement rebuilds from the chain on S3 (the
-        # base and four changes files), the survivor applies v4's changes only
-        write_version(spark, paths, "dim_users", 4)
-        rows = check_batch(runtime, spark, 4, {"dim_users": 4, "dim_products": 1})
+        # batch 4 at batch 3's versions: no Delta read runs before it (nothing new to
+        # read), so the replacement's first task is a lookup: it rebuilds the state from
+        # the chain on S3 (the bases and four changes files) with its own credentials
+        rows = check_batch(runtime, spark, 4, schedule[-1])
         by_pid = {r["pid"]: r for r in rows}
         assert fresh in by_pid, (fresh, rows)
         cold = [r for r in rows if r["cache"] == "cold"]
         assert [r["pid"] for r in cold] == [fresh], rows  # the cold start is counted
         assert by_pid[fresh]["apply_seconds"] > 0 and by_pid[fresh]["state_bytes"] > 0
         assert all(r["cache"] == "warm" for r in rows if r["pid"] != fresh), rows
+
+        # batch 5 at a new version (a merge that updates and deletes): both apply only
+        # v4's changes
+        write_version(spark, paths, "dim_users", 4)
+        rows = check_batch(runtime, spark, 5, {"dim_users": 4, "dim_products": 1})
+        assert all(r["cache"] == "warm" for r in rows), rows
+        assert {r["pid"] for r in rows} <= set(executors(cluster)), rows
 
         # the state chain is on S3, nowhere local: the bases of both tables and every
         # version's changes (no rebase happened in between)

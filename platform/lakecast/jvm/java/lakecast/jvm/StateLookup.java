@@ -8,6 +8,7 @@ import java.time.Instant;
 import java.time.LocalDate;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -75,6 +76,10 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
     /** The state each manifest's lookups last resolved (weakly: the LRU decides). */
     private static final Map<String, WeakReference<State>> RESOLVED = new ConcurrentHashMap<>();
 
+    /** The driver's file system settings, from where this UDF was created (the driver): an
+     *  executor reads the state root with them ({@link StateStorage#offer}). */
+    private final HashMap<String, String> storage = StateStorage.driverSettings();
+
     /** The manifests this task's calls named (by the literal's array) and their states. */
     private transient byte[][] manifests;
     private transient State[] states;
@@ -106,6 +111,7 @@ public final class StateLookup implements UDF2<byte[], Object, Row> {
             }
         }
         String uri = new String(manifest, StandardCharsets.UTF_8);
+        StateStorage.offer(storage);
         State state = stateAt(uri);
         if (RESOLVED.size() > 256) {
             RESOLVED.clear();

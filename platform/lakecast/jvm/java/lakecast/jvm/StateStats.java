@@ -23,6 +23,8 @@ public final class StateStats implements UDF1<byte[], Row> {
     /** The manifests (by the literal's array) this task reported: each call of the UDF
      * in a plan is its own literal, and they may share this instance. */
     private transient java.util.Set<byte[]> reported;
+    /** The driver's file system settings (see {@link StateLookup}). */
+    private final java.util.HashMap<String, String> storage = StateStorage.driverSettings();
 
     @Override
     public Row call(byte[] manifest) throws Exception {
@@ -32,6 +34,7 @@ public final class StateStats implements UDF1<byte[], Row> {
         if (!reported.add(manifest)) {
             return null;
         }
+        StateStorage.offer(storage);
         State state = StateLookup.resolved(new String(manifest, StandardCharsets.UTF_8));
         boolean first = state.claim();
         SparkEnv env = SparkEnv.get();
