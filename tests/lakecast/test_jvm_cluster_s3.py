@@ -268,13 +268,17 @@ def s3_keys(settings: Settings, endpoint: str, prefix: str) -> list[str]:
             return keys
 
 
-def local_state_folders(*roots: Path) -> list[Path]:
-    """Any local JVM state folder under ``roots`` (the default names)."""
-    found = []
+def local_state_files(*roots: Path) -> dict[Path, float]:
+    """Every local JVM state folder under ``roots`` (the default names) and every file in
+    them, with its mtime (other tests of the run may have left some in the project's
+    ``var/``: this test must add none)."""
+    found: dict[Path, float] = {}
     for root in roots:
         if root.exists():
-            found += [p for p in root.rglob("*") if p.is_dir()
-                      and (p.name == "_jvm-state" or p.name == "jvm-state")]
+            for folder in root.rglob("*"):
+                if folder.is_dir() and folder.name in ("_jvm-state", "jvm-state"):
+                    found[folder] = 0.0
+                    found.update({f: f.stat().st_mtime for f in folder.rglob("*")})
     return found
 
 
@@ -282,6 +286,7 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
         s3_cluster, tmp_path):
     started = time.monotonic()
     cluster, settings, endpoint = s3_cluster
+    local_before = local_state_files(settings.var_dir, tmp_path)
     assert settings.jvm_state_dir == f"{PREFIX}/checkpoints/_jvm-state"
     spark = get_spark(settings=settings)
     paths = {"dim_users": settings.table_path("dim_users"),
@@ -366,6 +371,5 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
         assert objstore.is_object_store(settings.jvm_state_dir)
     finally:
         runtime.close()
-    assert local_state_folders(settings.var_dir, tmp_path) == []
-    assert not (settings.var_dir / "jvm-state").exists()
+    assert local_state_files(settings.var_dir, tmp_path) == local_before
     assert time.monotonic() - started < TEST_BUDGET_S
