@@ -35,6 +35,7 @@ from lakecast.delta import io as delta_io
 from lakecast.delta import objstore
 from lakecast.spark import get_spark
 from tests.lakecast import cluster_helpers as ch
+from tests.lakecast.test_jvm_transform import priced, priced_model
 from tests.moto_s3 import moto_server
 
 # a cluster of its own over Spark Connect (runs with the other connect tests, last), on
@@ -358,6 +359,26 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
         rows = check_batch(runtime, spark, 5, {"dim_users": 4, "dim_products": 1})
         assert all(r["cache"] == "warm" for r in rows), rows
         assert {r["pid"] for r in rows} <= set(executors(cluster)), rows
+
+        # the tutorial's shape on the cluster: an Enrichment overriding transform, its
+        # lookups in the executor JVMs (a runtime of its own: each JVM builds it cold from
+        # S3), its transform after them; the same rows as pandas
+        last = {"dim_users": 4, "dim_products": 1}
+        transformed = BroadcastRuntime(spark, priced(), paths, function_id="jvm-s3-priced")
+        try:
+            assert transformed.state_engine == "jvm", transformed.state_engine_reason
+            out = transformed.process(events(spark, 6), until=last).collect()
+            want_main, want_unmatched = model(events_model(6), users_at(4), products_at(1))
+            got = out.main.to_pandas().sort_values("event_id").reset_index(drop=True)
+            want_main = priced_model(want_main)
+            pd.testing.assert_frame_equal(got[list(want_main.columns)], want_main,
+                                          check_dtype=False)
+            assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
+                want_unmatched
+            assert {r["cache"] for r in out.task_rows} == {"cold"}
+            assert {r["pid"] for r in out.task_rows} <= set(executors(cluster))
+        finally:
+            transformed.close()
 
         # the state chain is on S3, nowhere local: the bases of both tables and every
         # version's changes (no rebase happened in between)

@@ -39,12 +39,13 @@ class Priced(Enrichment):
             pa.field("spend", pa.float64())).append(pa.field("vip", pa.bool_()))
 
 
-def _priced() -> Priced:
+def priced() -> Priced:
     base = _function()
     return Priced(base.lookups, on_missing=base.on_missing)
 
 
-def _model(want: pd.DataFrame) -> pd.DataFrame:
+def priced_model(want: pd.DataFrame) -> pd.DataFrame:
+    """pandas: :class:`Priced`'s columns over the lookups' expected rows."""
     return want.assign(spend=want["product_price"] * 2.0 + want["ltv"],
                        vip=want["segment"].eq("VIP").fillna(False))
 
@@ -53,7 +54,7 @@ def _model(want: pd.DataFrame) -> pd.DataFrame:
 def test_a_transforming_enrichment_equals_pandas_on_both_paths(any_spark, tables, jvm):
     spark = any_spark
     pdf, events = _events(spark)
-    runtime = BroadcastRuntime(spark, _priced(), tables, jvm_lookups=jvm)
+    runtime = BroadcastRuntime(spark, priced(), tables, jvm_lookups=jvm)
     assert runtime.state_engine == ("jvm" if jvm else "python")
     if jvm:
         assert "transform vectorized" in runtime.state_engine_reason
@@ -69,7 +70,7 @@ def test_a_transforming_enrichment_equals_pandas_on_both_paths(any_spark, tables
             assert list(main.columns)[-3:] == ["spend", "vip", "_state_version"]
             assert set(main["_state_version"]) == {_version_json(pinned)}
             pd.testing.assert_frame_equal(main.drop(columns=["_state_version"]),
-                                          _model(want_main), check_dtype=False)
+                                          priced_model(want_main), check_dtype=False)
             assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
                 want_unmatched
             assert result.metrics().rows_in == len(pdf)
