@@ -26,7 +26,7 @@ from lakecast.jvm.javac import DIGEST_NAME, JAR_NAME, LOOKUP_CLASS_FILE, jar_pro
 
 PROJECT = Path(__file__).resolve().parents[2]
 #: what a wheel's build reads of the source tree (MANIFEST.in's and pyproject's)
-SOURCES = ("pyproject.toml", "README.md", "MANIFEST.in", "constraints.txt",
+SOURCES = ("pyproject.toml", "README.md", "MANIFEST.in", "constraints.txt", "build_backend",
            "platform")
 
 #: a pure enrich(Lookup...) through BroadcastRuntime, twice (two runtimes), against pandas;

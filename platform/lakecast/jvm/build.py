@@ -1,6 +1,6 @@
 """The JVM lookup's JAR: shipped in the wheel, else compiled once per source and Spark.
 
-The wheel carries the JAR: its build step (``platform/build_backend/lakecast_build.py``) compiles
+The wheel carries the JAR: its build step (``build_backend/lakecast_build.py``) compiles
 ``java/`` with a JDK's ``javac`` against the JARs of the pyspark it builds with, into
 ``lakecast/jvm/lakecast-jvm.jar``, beside ``lakecast-jvm.digest`` (the digest of the
 sources and that pyspark version, :func:`source_digest`). An installed lakecast therefore

@@ -1,7 +1,7 @@
 """Compile the JVM lookup's Java sources into its JAR: the standard library only.
 
 Two callers: :mod:`lakecast.jvm.build` (``lakecast setup``, when no JAR of the current
-sources shipped with the package) and the wheel's build step (``platform/build_backend/``, which
+sources shipped with the package) and the wheel's build step (``build_backend/``, which
 loads this file by its path, before lakecast is installed). Both compile with a JDK's
 ``javac`` against the JARs pyspark ships and record the same digest, so the runtime knows
 whether a shipped JAR is the one of its sources and Spark.

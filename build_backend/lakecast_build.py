@@ -1,6 +1,6 @@
 """Lakecast's build backend: setuptools', plus the JVM lookup's JAR built into the wheel.
 
-``pyproject.toml`` names this module (``backend-path = ["platform/build_backend"]``) and its
+``pyproject.toml`` names this module (``backend-path = ["build_backend"]``) and its
 :class:`BuildPy` as setuptools' ``build_py`` command. Building a wheel compiles
 ``lakecast/jvm/java`` with a JDK's ``javac`` against the JARs of the build environment's
 pyspark and adds ``lakecast/jvm/lakecast-jvm.jar`` and ``lakecast/jvm/lakecast-jvm.digest``
@@ -46,7 +46,7 @@ __all__ = ["BuildPy", "build_editable", "build_sdist", "build_wheel",
            "get_requires_for_build_wheel", "prepare_metadata_for_build_editable",
            "prepare_metadata_for_build_wheel"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parent.parent
 #: the package folder of lakecast.jvm in the source tree
 JVM_DIR = Path("platform") / "lakecast" / "jvm"
 
