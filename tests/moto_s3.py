@@ -42,3 +42,19 @@ def moto_server(bucket: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def s3_conf(endpoint: str, secret: str = "test-secret") -> str:
+    """The s3a settings of a lake on moto at ``endpoint``, as ``LAKECAST_SPARK_CONF``."""
+    return ";".join([
+        f"spark.hadoop.fs.s3a.endpoint={endpoint}",
+        "spark.hadoop.fs.s3a.path.style.access=true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled=false",
+        "spark.hadoop.fs.s3a.endpoint.region=us-east-1",
+        "spark.hadoop.fs.s3a.access.key=test-key",
+        f"spark.hadoop.fs.s3a.secret.key={secret}",
+        "spark.hadoop.fs.s3a.aws.credentials.provider="
+        "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+        "spark.hadoop.fs.s3a.attempts.maximum=2",
+        "spark.hadoop.fs.s3a.retry.limit=2",
+    ])

@@ -48,7 +48,7 @@ from lakecast.tools import cli
 from tests.assets import reference
 from tests.assets.conftest import DIMS, SEGMENTS, run_assets
 from tests.jobs.test_snapshot_pipeline import OUTPUTS, _assert_same, _inputs, _outputs
-from tests.moto_s3 import free_port, moto_server
+from tests.moto_s3 import free_port, moto_server, s3_conf
 
 pytestmark = pytest.mark.objstore
 
@@ -64,21 +64,6 @@ def s3_endpoint() -> Iterator[str]:
         yield url
 
 
-def _s3_conf(endpoint: str, secret: str = "test-secret") -> str:
-    return ";".join([
-        f"spark.hadoop.fs.s3a.endpoint={endpoint}",
-        "spark.hadoop.fs.s3a.path.style.access=true",
-        "spark.hadoop.fs.s3a.connection.ssl.enabled=false",
-        "spark.hadoop.fs.s3a.endpoint.region=us-east-1",
-        "spark.hadoop.fs.s3a.access.key=test-key",
-        f"spark.hadoop.fs.s3a.secret.key={secret}",
-        "spark.hadoop.fs.s3a.aws.credentials.provider="
-        "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-        "spark.hadoop.fs.s3a.attempts.maximum=2",
-        "spark.hadoop.fs.s3a.retry.limit=2",
-    ])
-
-
 @pytest.fixture
 def s3_lake(spark, s3_endpoint, lake, monkeypatch, request) -> Iterator[Settings]:
     """Settings of a lake under ``s3a://BUCKET/<test>/`` (the ``lake`` fixture's Dagster
@@ -87,7 +72,7 @@ def s3_lake(spark, s3_endpoint, lake, monkeypatch, request) -> Iterator[Settings
     prefix = f"s3a://{BUCKET}/{request.node.name}"
     monkeypatch.setenv("LAKECAST_LAKE_ROOT", f"{prefix}/lake")
     monkeypatch.setenv("LAKECAST_CHECKPOINT_ROOT", f"{prefix}/checkpoints")
-    monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint))
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", s3_conf(s3_endpoint))
     for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(k, raising=False)
     settings = get_settings()
@@ -188,7 +173,7 @@ def test_bad_object_store_settings_name_the_uri_and_the_setting(s3_endpoint, mon
     for endpoint, root in ((dead, f"s3a://{BUCKET}/lake"),
                            (s3_endpoint, "s3a://no-such-bucket/lake")):
         monkeypatch.setenv("LAKECAST_LAKE_ROOT", root)
-        monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(endpoint))
+        monkeypatch.setenv("LAKECAST_SPARK_CONF", s3_conf(endpoint))
         settings = get_settings()
         with pytest.raises(objstore.ObjectStoreError) as e:
             delta_io.latest_version(settings.table_path(EVENTS))
@@ -281,7 +266,7 @@ def test_two_writers_of_one_version_both_keep_their_rows_without_unsafe_rename(s
     from deltalake import DeltaTable, write_deltalake
 
     monkeypatch.delenv("AWS_S3_ALLOW_UNSAFE_RENAME", raising=False)
-    monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint))
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", s3_conf(s3_endpoint))
     uri = f"s3://{BUCKET}/two-writers-{free_port()}"
     opts = objstore.storage_options(get_settings(), {})
     assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in opts
@@ -305,7 +290,7 @@ def test_a_second_client_of_the_server_cannot_read_the_s3_secret_key(s3_endpoint
     prefix = f"s3a://{BUCKET}/{request.node.name}"
     monkeypatch.setenv("LAKECAST_LAKE_ROOT", f"{prefix}/lake")
     monkeypatch.setenv("LAKECAST_CHECKPOINT_ROOT", f"{prefix}/checkpoints")
-    monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(s3_endpoint, secret))
+    monkeypatch.setenv("LAKECAST_SPARK_CONF", s3_conf(s3_endpoint, secret))
     for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(k, raising=False)
     server = Server(get_settings(), "127.0.0.1", free_port())

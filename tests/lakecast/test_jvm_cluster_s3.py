@@ -28,15 +28,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lakecast import BroadcastRuntime, Lookup, enrich
+from lakecast import BroadcastRuntime
 from lakecast.cluster import Cluster
 from lakecast.config import Settings, get_settings
 from lakecast.delta import io as delta_io
 from lakecast.delta import objstore
 from lakecast.spark import get_spark
 from tests.lakecast import cluster_helpers as ch
+from tests.lakecast.test_joins import _function as function
 from tests.lakecast.test_jvm_transform import priced, priced_model
-from tests.moto_s3 import moto_server
+from tests.moto_s3 import moto_server, s3_conf
 
 # a cluster of its own over Spark Connect (runs with the other connect tests, last), on
 # an S3-compatible server
@@ -52,23 +53,6 @@ EVENTS_PER_BATCH = 600
 TASKS = 6
 
 
-def _s3_conf(endpoint: str) -> str:
-    """The s3a settings of the lake (as tests/jobs/test_objstore.py gives them), through
-    ``LAKECAST_SPARK_CONF``: the server keeps the keys in its own core-site.xml."""
-    return ";".join([
-        f"spark.hadoop.fs.s3a.endpoint={endpoint}",
-        "spark.hadoop.fs.s3a.path.style.access=true",
-        "spark.hadoop.fs.s3a.connection.ssl.enabled=false",
-        "spark.hadoop.fs.s3a.endpoint.region=us-east-1",
-        "spark.hadoop.fs.s3a.access.key=test-key",
-        "spark.hadoop.fs.s3a.secret.key=test-secret",
-        "spark.hadoop.fs.s3a.aws.credentials.provider="
-        "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-        "spark.hadoop.fs.s3a.attempts.maximum=2",
-        "spark.hadoop.fs.s3a.retry.limit=2",
-    ])
-
-
 @pytest.fixture
 def s3_cluster(monkeypatch) -> Iterator[tuple[Cluster, Settings, str]]:
     """moto on 127.0.0.1, then a two-worker cluster whose server has the s3a settings;
@@ -78,7 +62,7 @@ def s3_cluster(monkeypatch) -> Iterator[tuple[Cluster, Settings, str]]:
     with moto_server(BUCKET) as endpoint:
         monkeypatch.setenv("LAKECAST_LAKE_ROOT", f"{PREFIX}/lake")
         monkeypatch.setenv("LAKECAST_CHECKPOINT_ROOT", f"{PREFIX}/checkpoints")
-        monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(endpoint))
+        monkeypatch.setenv("LAKECAST_SPARK_CONF", s3_conf(endpoint))
         for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                   "LAKECAST_JVM_STATE_ROOT", "LAKECAST_SPARK_REMOTE"):
             monkeypatch.delenv(k, raising=False)
@@ -89,7 +73,7 @@ def s3_cluster(monkeypatch) -> Iterator[tuple[Cluster, Settings, str]]:
             # the workers, and so the executors, do not get them in their environment
             monkeypatch.delenv("LAKECAST_SPARK_CONF")
             cluster.up(workers=2)
-            monkeypatch.setenv("LAKECAST_SPARK_CONF", _s3_conf(endpoint))
+            monkeypatch.setenv("LAKECAST_SPARK_CONF", s3_conf(endpoint))
             monkeypatch.setenv("LAKECAST_SPARK_REMOTE", cluster.server.url)
             yield cluster, get_settings(), endpoint
         finally:
@@ -160,16 +144,6 @@ def write_version(spark, paths: dict[str, str], table: str, version: int) -> Non
     for statement in sql:
         spark.sql(statement).collect()
     assert delta_io.latest_version(path) == version  # read by deltalake, not Spark
-
-
-def function():
-    return enrich(
-        Lookup("dim_users", key="user_id", columns=["segment", "ltv"],
-               defaults={"segment": "NEW", "ltv": -1.0}),
-        Lookup("dim_products", key={"store": "shop", "item": "sku"},
-               columns={"title": "product", "price": "product_price"},
-               on_missing="unmatched"),
-    )
 
 
 def events(spark, batch: int):
