@@ -9,6 +9,11 @@ per measure, and the dict is written to ``benchmarks/results/<name>.json`` with 
 ``verdicts`` block (measure, value, target, verdict, side values, rule) and a ``run``
 block (machine cores, load average before start, git commit, date, command).
 
+Every run, passing or not, is also appended to ``<name>.history.jsonl`` beside the result
+(:func:`history_line`); :mod:`benchmarks.official` forms the official figures from it:
+the median of at least three separate runs at one commit on a quiet machine, with their
+spread.
+
 A target changes only with a sentence saying why: the change and its reason go into the
 measure's (or the benchmark's) ``history``, which the docs' benchmarks page shows beside
 the target.
@@ -94,7 +99,9 @@ def git_commit(root: Path | None = None) -> str | None:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # the results a run writes do not make the next run's checkout dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ":(top)", ":(top,exclude)benchmarks/results"],
                                cwd=cwd, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -110,6 +117,14 @@ class Start:
     date: str
     #: (stolen, total) CPU time of the machine so far (``/proc/stat``; ``None`` elsewhere)
     cpu: tuple[int, int] | None = None
+    #: the share of the machine's CPU busy (not idle, not stolen) in the second before the
+    #: start: what other processes were doing (``None``: unknown)
+    busy: float | None = None
+
+
+#: a run counts as official only on a machine at most this busy in the second before it
+#: started (2 cores: one core a fifth busy)
+QUIET_BUSY = 0.1
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -122,6 +137,26 @@ def cpu_times() -> tuple[int, int] | None:
         return None
     # user nice system idle iowait irq softirq steal (guest time is counted in user)
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def busy_fraction(seconds: float = 1.0) -> float | None:
+    """The share of the machine's CPU time that was busy (not idle or iowait, not stolen)
+    over the next ``seconds`` (``/proc/stat``; ``None`` elsewhere)."""
+    def read() -> list[int] | None:
+        try:
+            with open("/proc/stat") as f:
+                return [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+    a = read()
+    time.sleep(seconds)
+    b = read()
+    if a is None or b is None:
+        return None
+    d = [y - x for x, y in zip(a, b, strict=False)]
+    total = sum(d)
+    idle = d[3] + d[4] + (d[7] if len(d) > 7 else 0)
+    return None if total <= 0 else round(1 - idle / total, 4)
 
 
 def steal_fraction(start: tuple[int, int] | None, end: tuple[int, int] | None
@@ -149,8 +184,9 @@ class Benchmark:
     def start(self) -> Start:
         """Call before anything runs: the load average then, and the start time (kept
         for :meth:`report` too)."""
+        busy = busy_fraction()
         started = Start(os.getloadavg(), time.monotonic(), datetime.now(UTC).isoformat(),
-                        cpu_times())
+                        cpu_times(), busy)
         _STARTS[self.name] = started
         return started
 
@@ -185,11 +221,14 @@ class Benchmark:
             "git_commit": git_commit(), "date": start.date,
             "wall_seconds": round(time.monotonic() - start.monotonic, 1),
             # CPU time the VM's host took during the run (every side lost it alike)
-            "cpu_steal_fraction": steal_fraction(start.cpu, cpu_times())}
+            "cpu_steal_fraction": steal_fraction(start.cpu, cpu_times()),
+            "busy_before_start": start.busy}
         out_dir = results_dir or RESULTS
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{name or self.name}.json"
         path.write_text(json.dumps(result, indent=2, default=str))
+        with (out_dir / f"{name or self.name}.history.jsonl").open("a") as f:
+            f.write(json.dumps(history_line(result), default=str) + "\n")
         steal = result["run"]["cpu_steal_fraction"]
         print(f"{self.name}: pre-registered targets "
               f"(load average before start {start.load_average[0]:.2f}, "
@@ -204,6 +243,27 @@ class Benchmark:
             print(f"  (not at the targets' conditions: {off}; the verdicts do not count)")
         print(f"-> {path}")
         return result
+
+
+def history_line(result: Result) -> dict[str, Any]:
+    """What a run leaves in the history: when, where, how, and each measure's value and
+    verdict (``counts``: whether it may form an official figure; ``why_not`` otherwise)."""
+    run = result.get("run") or {}
+    commit = run.get("git_commit")
+    busy = run.get("busy_before_start")
+    why_not = [w for w in (
+        result.get("off_target_conditions"),
+        None if commit and not commit.endswith("+dirty") else
+        f"the checkout was not a clean commit ({commit})",
+        None if busy is not None and busy <= QUIET_BUSY else
+        f"the machine was {busy if busy is None else f'{busy:.0%}'} busy before the start "
+        f"(a quiet machine: <= {QUIET_BUSY:.0%})") if w]
+    return {"date": run.get("date"), "git_commit": commit, "command": run.get("command"),
+            "wall_seconds": run.get("wall_seconds"), "busy_before_start": busy,
+            "cpu_steal_fraction": run.get("cpu_steal_fraction"),
+            "counts": not why_not, "why_not": why_not, "passed": result.get("passed"),
+            "values": {v["measure"]: v["value"] for v in result.get("verdicts", [])},
+            "verdicts": {v["measure"]: v["verdict"] for v in result.get("verdicts", [])}}
 
 
 def ratio(num: str, den: str) -> Callable[[Result], float | None]:

@@ -169,3 +169,35 @@ def test_steal_fraction_is_the_stolen_share_of_the_cpu_time_between_two_readings
     now = cpu_times()
     if os.path.exists("/proc/stat"):  # Linux: stolen <= total, both counted since boot
         assert now is not None and 0 <= now[0] <= now[1]
+
+
+def test_every_run_is_appended_to_the_history_and_the_official_figure_is_a_median(
+        tmp_path, monkeypatch):
+    from benchmarks import registry
+    from benchmarks.official import official
+    from benchmarks.registry import Start
+
+    quiet = Start((0.1, 0.1, 0.1), 0.0, "2026-12-02T00:00:00", None, 0.02)
+    busy = Start((1.9, 1.9, 1.9), 0.0, "2026-12-02T00:00:01", None, 0.9)
+    monkeypatch.setattr(registry, "git_commit", lambda root=None: "a" * 40)
+    for mine, start in ((7.0, quiet), (5.5, quiet), (9.0, busy), (5.9, quiet)):
+        BENCH.report({"a": {"mine_s": mine, "theirs_s": 5.0}}, start, results_dir=tmp_path)
+    lines = [json.loads(s) for s in (tmp_path / "demo.history.jsonl").read_text().splitlines()]
+    assert len(lines) == 4  # every run, passing or not
+    assert [h["verdicts"]["ratio_x"] for h in lines] == ["FAIL", "PASS", "FAIL", "PASS"]
+    assert [h["counts"] for h in lines] == [True, True, False, True]
+    assert "busy before the start" in lines[2]["why_not"][-1]  # a busy machine: not counted
+    out = {m["measure"]: m for m in official(BENCH, results_dir=tmp_path)["measures"]}
+    # the three quiet runs: 1.4, 1.1, 1.18 -> median 1.18 (PASS), spread 1.1-1.4
+    assert out["ratio_x"]["value"] == pytest.approx(1.18)
+    assert out["ratio_x"]["verdict"] == "PASS"
+    assert out["ratio_x"]["spread"] == pytest.approx([1.1, 1.4])
+    assert out["absent"]["verdict"] == "NOT OFFICIAL"
+    with pytest.raises(ValueError, match="at least 3 runs"):
+        official(BENCH, runs=2, results_dir=tmp_path)
+    # a run of a checkout with local changes is kept in the history, and never counts
+    monkeypatch.setattr(registry, "git_commit", lambda root=None: "b" * 40 + "+dirty")
+    BENCH.report({"a": {"mine_s": 5.0, "theirs_s": 5.0}}, quiet, results_dir=tmp_path)
+    last = json.loads((tmp_path / "demo.history.jsonl").read_text().splitlines()[-1])
+    assert last["counts"] is False and "not a clean commit" in last["why_not"][0]
+    assert official(BENCH, results_dir=tmp_path)["git_commit"] == "a" * 40
