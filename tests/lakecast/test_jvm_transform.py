@@ -50,11 +50,37 @@ def priced_model(want: pd.DataFrame) -> pd.DataFrame:
                        vip=want["segment"].eq("VIP").fillna(False))
 
 
-@pytest.mark.parametrize("jvm", [True, False], ids=["jvm", "python"])
-def test_a_transforming_enrichment_equals_pandas_on_both_paths(any_spark, tables, jvm):
+class Rescaled(Priced):
+    """:class:`Priced` that also replaces a column it got (``ltv`` x 10, in place): a
+    column of the input that the transform makes, so it comes back from Python."""
+
+    def transform(self, batch: pa.RecordBatch, ctx) -> pa.RecordBatch:
+        out = super().transform(batch, ctx)
+        i = out.schema.get_field_index("ltv")
+        return out.set_column(i, "ltv", pc.multiply(out.column("ltv"), 10.0))
+
+
+class Narrow(Rescaled):
+    """:class:`Rescaled` declaring the columns its transform reads: it gets only them
+    (only they go to the Python workers on the JVM path); every other column passes by."""
+
+    transform_reads = ("product_price", "ltv", "segment")
+
+    def transform(self, batch: pa.RecordBatch, ctx) -> pa.RecordBatch:
+        assert batch.schema.names == list(self.transform_reads)
+        return super().transform(batch, ctx)
+
+
+@pytest.mark.parametrize("jvm, cls", [(True, Priced), (False, Priced), (True, Rescaled),
+                                      (True, Narrow), (False, Narrow)],
+                         ids=["jvm", "python", "jvm-replaces-a-column", "jvm-reads-three",
+                              "python-reads-three"])
+def test_a_transforming_enrichment_equals_pandas_on_both_paths(any_spark, tables, jvm, cls):
     spark = any_spark
     pdf, events = _events(spark)
-    runtime = BroadcastRuntime(spark, priced(), tables, jvm_lookups=jvm)
+    base = _function()
+    runtime = BroadcastRuntime(spark, cls(base.lookups, on_missing=base.on_missing), tables,
+                               jvm_lookups=jvm)
     assert runtime.state_engine == ("jvm" if jvm else "python")
     if jvm:
         assert "transform vectorized" in runtime.state_engine_reason
@@ -69,8 +95,11 @@ def test_a_transforming_enrichment_equals_pandas_on_both_paths(any_spark, tables
             main = _rows(out.main)
             assert list(main.columns)[-3:] == ["spend", "vip", "_state_version"]
             assert set(main["_state_version"]) == {_version_json(pinned)}
-            pd.testing.assert_frame_equal(main.drop(columns=["_state_version"]),
-                                          priced_model(want_main), check_dtype=False)
+            want = priced_model(want_main)
+            if issubclass(cls, Rescaled):
+                want = want.assign(ltv=want["ltv"] * 10.0)
+            pd.testing.assert_frame_equal(main.drop(columns=["_state_version"]), want,
+                                          check_dtype=False)
             assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
                 want_unmatched
             assert result.metrics().rows_in == len(pdf)
@@ -105,9 +134,29 @@ class DropsRows(Priced):
         return super().transform(batch, ctx).slice(0, max(batch.num_rows - 1, 0))
 
 
+class ChangesOnRealRows(Priced):
+    """Returns ``ltv`` as it got it on the planning probe (null rows), changes it on rows
+    with values: the fast path kept ``ltv`` in the JVM, so this must fail, not be lost."""
+
+    def transform(self, batch: pa.RecordBatch, ctx) -> pa.RecordBatch:
+        out = super().transform(batch, ctx)
+        if batch.column("ltv").null_count == batch.num_rows:
+            return out
+        i = out.schema.get_field_index("ltv")
+        return out.set_column(i, "ltv", pc.add(out.column("ltv"), 1.0))
+
+
+class ReadsUnknown(Priced):
+    transform_reads = ("segment", "price")
+
+
 @pytest.mark.parametrize("cls, match", [
     (ReadsState, "ReadsState.transform reads the broadcast state 'flags'.*jvm_lookups=False"),
     (DropsRows, r"DropsRows.transform returned \d+ rows for a batch of \d+: transform keeps"),
+    (ChangesOnRealRows, "ChangesOnRealRows.transform changed the column 'ltv'.*"
+                        "jvm_lookups=False"),
+    (ReadsUnknown, r"ReadsUnknown.transform_reads names \['price'\], which the enriched "
+                   "batch does not have"),
 ])
 def test_what_the_jvm_path_cannot_do_is_a_clear_error(spark, tables, cls, match):
     _, events = _events(spark)
@@ -115,9 +164,8 @@ def test_what_the_jvm_path_cannot_do_is_a_clear_error(spark, tables, cls, match)
     runtime = BroadcastRuntime(spark, cls(base.lookups, on_missing=base.on_missing), tables)
     assert runtime.state_engine == "jvm"
     try:
-        result = runtime.process(events, until={"dim_users": 0, "dim_products": 0})
-        with pytest.raises(Exception, match=match) as err:
-            result.collect()
+        with pytest.raises(Exception, match=match) as err:  # when planned, or when it runs
+            runtime.process(events, until={"dim_users": 0, "dim_products": 0}).collect()
         print(str(err.value)[:600])
     finally:
         runtime.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -112,6 +112,11 @@ class Enrichment(BroadcastProcessFunction):
     """
 
     missing_state = "default"  # key misses are handled per lookup
+    #: the columns :meth:`transform` reads (``None``: every column of the enriched batch).
+    #: Set, ``transform`` gets a batch of just these columns and returns them with the
+    #: columns it adds or replaces; every other column passes by it unchanged — and with
+    #: the lookups in the executor JVM, only these columns go to the Python workers.
+    transform_reads: ClassVar[Sequence[str] | None] = None
 
     def __init__(self, lookups: Sequence[Lookup], on_missing: MissingPolicy = "default") -> None:
         if on_missing not in MISSING_POLICIES:
@@ -213,8 +218,7 @@ class Enrichment(BroadcastProcessFunction):
                     unmatched |= ~found
                 elif policy == "hold":
                     held |= ~found
-        out = pa.RecordBatch.from_arrays(arrays, names=names)
-        out = self.transform(out, ctx)
+        out = self.run_transform(pa.RecordBatch.from_arrays(arrays, names=names), ctx)
         if held.any() or unmatched.any():
             unmatched &= ~held
             if held.any():
@@ -228,6 +232,32 @@ class Enrichment(BroadcastProcessFunction):
         """Hook for vectorized logic on the enriched batch (same rows, may add columns —
         then also override :meth:`output_schema`)."""
         return batch
+
+    def transform_input(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """What :meth:`transform` gets of the enriched ``batch``: its
+        :attr:`transform_reads` columns (every column when ``None``)."""
+        if self.transform_reads is None:
+            return batch
+        missing = [c for c in self.transform_reads if c not in batch.schema.names]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__}.transform_reads names {missing}, which the enriched "
+                f"batch does not have (its columns: {batch.schema.names}): name the events' "
+                "and the lookups' output columns transform reads")
+        return batch.select(list(self.transform_reads))
+
+    def run_transform(self, batch: pa.RecordBatch, ctx: ReadOnlyContext) -> pa.RecordBatch:
+        """:meth:`transform` over the enriched ``batch``: with :attr:`transform_reads`,
+        over those columns, the others kept as they are and the columns it returns
+        replacing or following them."""
+        got = self.transform(self.transform_input(batch), ctx)
+        if self.transform_reads is None or got.num_rows != batch.num_rows:
+            return got
+        returned = set(got.schema.names)
+        kept = [c for c in batch.schema.names if c not in returned]
+        return pa.RecordBatch.from_arrays(
+            [*(batch.column(c) for c in kept), *got.columns],
+            names=[*kept, *got.schema.names])
 
 
 def enrich(*lookups: Lookup, on_missing: MissingPolicy = "default") -> Enrichment:

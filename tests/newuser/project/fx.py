@@ -10,6 +10,8 @@ class ToEur(Enrichment):
     """Each payment with its currency's rate and amount_eur; unknown currencies go to
     the unmatched side output."""
 
+    transform_reads = ("amount", "rate_to_eur")  # all transform needs: the rest stays in Spark
+
     def __init__(self) -> None:
         super().__init__([Lookup("fx_rates", key="currency", columns=["rate_to_eur"],
                                  on_missing="unmatched")])
