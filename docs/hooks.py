@@ -401,6 +401,27 @@ def results_lines(bench: Any, name: str, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def official_lines(name: str, data: dict[str, Any]) -> list[str]:
+    """A benchmark's official figures (``benchmarks/results/<name>.official.json``, made by
+    ``python -m benchmarks.official``): per measure the median of its counted runs, the
+    runs and their spread, the target and the verdict."""
+    lines = [f"**Official figures** (`benchmarks/results/{name}.official.json`: the median of "
+             f"{data.get('runs_needed')} counted runs at "
+             f"{commit_text(data.get('git_commit'))}):", "",
+             "| Measure | Official value | Runs | Spread | Target | Verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in data.get("measures", []):
+        unit = str(r.get("unit", ""))
+        runs = ", ".join(number(v) for v in r.get("runs", [])) or DASH
+        spread = r.get("spread")
+        lines.append(
+            f"| `{r.get('measure')}` | {with_unit(r.get('value'), unit)} | {runs} | "
+            f"{f'{number(spread[0])}-{number(spread[1])}' if spread else DASH} | "
+            f"{target_text(str(r.get('op')), r.get('target'), unit)} | "
+            f"**{r.get('verdict')}** |")
+    return [*lines, ""]
+
+
 def _read_results(path: Path) -> tuple[Any, str | None]:
     try:
         return json.loads(path.read_text()), None
@@ -459,6 +480,11 @@ def benchmarks_markdown(results_dir: Path | None = None) -> str:
         body += [f"## `{name}`", "", title.strip(), "", "```bash", usage, "```", "", rest, ""]
         body += (targets_lines(bench) if bench else
                  ["No pre-registered targets in `benchmarks/targets.py`.", ""])
+        official = results / f"{name}.official.json"
+        if official.is_file():
+            figures, error = _read_results(official)
+            if error is None and isinstance(figures, dict):
+                body += official_lines(name, figures)
         path = results / f"{name}.json"
         data: Any = None
         if path.is_file():

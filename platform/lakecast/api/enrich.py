@@ -233,18 +233,26 @@ class Enrichment(BroadcastProcessFunction):
         then also override :meth:`output_schema`)."""
         return batch
 
-    def transform_input(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """What :meth:`transform` gets of the enriched ``batch``: its
-        :attr:`transform_reads` columns (every column when ``None``)."""
+    def transform_columns(self, names: Sequence[str]) -> list[str]:
+        """Which of the enriched batch's columns ``names`` :meth:`transform` gets: its
+        :attr:`transform_reads` (all of ``names`` when ``None``); a clear error for a
+        declared column the batch does not have."""
         if self.transform_reads is None:
-            return batch
-        missing = [c for c in self.transform_reads if c not in batch.schema.names]
+            return list(names)
+        missing = [c for c in self.transform_reads if c not in names]
         if missing:
             raise ValueError(
                 f"{type(self).__name__}.transform_reads names {missing}, which the enriched "
-                f"batch does not have (its columns: {batch.schema.names}): name the events' "
-                "and the lookups' output columns transform reads")
-        return batch.select(list(self.transform_reads))
+                f"batch does not have (its columns: {list(names)}): name the events' and "
+                "the lookups' output columns transform reads")
+        return list(self.transform_reads)
+
+    def transform_input(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """What :meth:`transform` gets of the enriched ``batch``
+        (:meth:`transform_columns`)."""
+        if self.transform_reads is None:
+            return batch
+        return batch.select(self.transform_columns(batch.schema.names))
 
     def run_transform(self, batch: pa.RecordBatch, ctx: ReadOnlyContext) -> pa.RecordBatch:
         """:meth:`transform` over the enriched ``batch``: with :attr:`transform_reads`,

@@ -104,13 +104,10 @@ def apply_transform(frame: DataFrame, function: Enrichment, enriched: Sequence[s
     from pyspark.sql.types import StructType
 
     enriched = list(enriched)
-    reads = enriched if function.transform_reads is None else list(function.transform_reads)
-    missing = [c for c in reads if c not in enriched]
-    if missing:
-        raise LakecastError(
-            f"{type(function).__name__}.transform_reads names {missing}, which the enriched "
-            f"batch does not have (its columns: {enriched}): name the events' and the "
-            "lookups' output columns transform reads")
+    try:
+        reads = function.transform_columns(enriched)
+    except ValueError as e:
+        raise LakecastError(str(e)) from None
     ctx = TransformContext(type(function).__name__, versions, watermark)
     inputs = to_arrow_schema(frame.select(*[F.col(f"`{c}`") for c in reads]).schema)
     returned, kept = _probe(function, inputs, enriched, main, ctx)
