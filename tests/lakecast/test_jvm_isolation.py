@@ -55,14 +55,23 @@ def _sql(value: object) -> str:
     return f"'{value}'" if isinstance(value, str) else str(value)
 
 
-def _median_batch(spark, runtime: BroadcastRuntime, events, n: int = 3) -> float:
-    times = []
-    for _ in range(n + 1):  # the first builds the state (cold): not timed
-        t0 = time.perf_counter()
-        result = runtime.process(events)
-        result.main.write.format("noop").mode("overwrite").save()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+def _batch_seconds(runtime: BroadcastRuntime, events) -> float:
+    t0 = time.perf_counter()
+    runtime.process(events).main.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def _interleaved_medians(pairs: dict, rounds: int = 6) -> dict[str, float]:
+    """Median warm batch time of each (runtime, events) pair, the pairs' batches
+    interleaved in an ABBA order so JIT warm-up and machine drift fall on both alike."""
+    for runtime, events in pairs.values():  # cold: builds the state, not timed
+        _batch_seconds(runtime, events)
+    times: dict[str, list[float]] = {name: [] for name in pairs}
+    names = list(pairs)
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else reversed(names):
+            times[name].append(_batch_seconds(*pairs[name]))
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def test_two_lookups_of_one_value_type_alternate_without_reloads(spark, tmp_path):
@@ -86,8 +95,9 @@ def test_two_lookups_of_one_value_type_alternate_without_reloads(spark, tmp_path
                              {t: paths[t] for t in "ac"}, lineage=False)
     try:
         assert same.state_engine == other.state_engine == "jvm"
-        t_same = _median_batch(spark, same, events.select("k_a", "k_b"))
-        t_other = _median_batch(spark, other, events.select("k_a", "k_c"))
+        medians = _interleaved_medians({"same": (same, events.select("k_a", "k_b")),
+                                        "other": (other, events.select("k_a", "k_c"))})
+        t_same, t_other = medians["same"], medians["other"]
         warm = same.process(events.select("k_a", "k_b"))
         warm.main.write.format("noop").mode("overwrite").save()
         assert warm.metrics().summary()["cold_tasks"] == 0
