@@ -99,9 +99,11 @@ def test_every_benchmark_declares_the_issue_targets():
                              "cluster", "soak"}
     assert declared["broadcast_enrichment"] == {
         "a_tasks_over_f_broadcast": ("<=", 1.2), "a_transform_over_f_broadcast_sql": ("<=", 1.2),
-        "b_cold_rebuild_1m_s": ("<=", 2.0), "b_no_sink_over_stream_static": ("<=", 0.33),
+        "b_cold_rebuild_1m_s": ("<=", 2.0), "b_delta_append_over_batch_join": ("<=", 0.33),
+        "b_no_sink_over_stream_static": ("<=", 0.33),
         "b_exactly_once_over_stream_static": ("<=", 0.33)}
-    assert declared["keyed_state"] == {"lakecast_over_tws_total": ("<=", 0.5)}
+    assert declared["keyed_state"] == {"lakecast_over_tws_total": ("<=", 0.5),
+                                       "lakecast_over_jvm_aggregation_total": ("<=", 0.5)}
     assert declared["snapshots"] == {"first_checkpoint_over_plain_write": ("<=", 2.0),
                                      "restore_over_cold_read": ("<=", 2.0)}
     assert declared["sensor_freshness"] == {"sensor_p50_s": ("<=", 15.0),
@@ -121,18 +123,20 @@ def test_declarations_read_the_benchmarks_result_shapes():
     be = values(targets.BROADCAST_ENRICHMENT, {
         "a": {"ratio": 1.1, "lakecast_median_s": 11.0, "bhj_median_s": 10.0,
               "transform_ratio": 1.15},
-        "b": {"exactly_once": {"ratio": 0.3}, "enrichment_only": {"ratio": 0.4},
+        "b": {"exactly_once": {"ratio": 0.3}, "enrichment_only": {"ratio": 0.4}, "ratio": 0.45,
               "cold_rebuild_median_s": 0.9, "cold_rebuild_s": [0.8, 0.9, 1.1]}})
     assert be == {"a_tasks_over_f_broadcast": 1.1, "a_transform_over_f_broadcast_sql": 1.15,
-                  "b_cold_rebuild_1m_s": 0.9, "b_no_sink_over_stream_static": 0.4,
+                  "b_cold_rebuild_1m_s": 0.9, "b_delta_append_over_batch_join": 0.45,
+                  "b_no_sink_over_stream_static": 0.4,
                   "b_exactly_once_over_stream_static": 0.3}
     snap = values(targets.SNAPSHOTS, {"first_checkpoint_s": 4.0, "first_plain_write_s": 1.6,
                                       "checkpoint_runs_s": [4.0, 1.0, 1.0],
                                       "plain_delta_write_s": 0.5,
                                       "restore_total_s": 1.0, "plain_delta_read_s": 2.0})
     assert snap == {"first_checkpoint_over_plain_write": 2.5, "restore_over_cold_read": 0.5}
-    keyed = values(targets.KEYED_STATE, {"ratios_lakecast_over_tws": {"total_s": 0.4}})
-    assert keyed == {"lakecast_over_tws_total": 0.4}
+    keyed = values(targets.KEYED_STATE, {"ratios_lakecast_over_tws": {"total_s": 0.4},
+                                         "ratios_lakecast_over_agg": {"total_s": 1.6}})
+    assert keyed == {"lakecast_over_tws_total": 0.4, "lakecast_over_jvm_aggregation_total": 1.6}
     fresh = values(targets.FRESHNESS, {
         "sensor": {"p50_s": 12.0, "max_s": 31.0},
         "continuous": {"p50_s": 0.8, "latencies_s": [0.5] * 99 + [4.0]}})
