@@ -174,7 +174,18 @@ SNAPSHOTS = Benchmark("snapshots", "python -m benchmarks.snapshots", (
                         first_plain_write_runs_s="first_plain_write_runs_s",
                         inprocess_checkpoint_runs_s="checkpoint_runs_s",
                         inprocess_plain_write_s="plain_delta_write_s",
-                        inprocess_plain_write_runs_s="plain_delta_write_runs_s")),
+                        inprocess_plain_write_runs_s="plain_delta_write_runs_s"),
+            history=("2026-11-26 (1b71add), after a failing run: the rule changed from one "
+                     "sample of each side (4.38 s vs 1.83 s = 2.40x, FAIL) to the median of "
+                     "three alternating samples, each checkpoint into a store of its own "
+                     "(4.19 / 1.88 / 1.71 s vs 1.54 / 1.39 / 0.84 s = 1.35x, PASS); the "
+                     "target stayed 2.0. That change let the warm in-process samples "
+                     "outvote the application's first checkpoint, which is what a user "
+                     "pays; so on 2026-11-27 (6c3e8ac, 29f92cf) the measure became the one "
+                     "above: each sample a fresh application's first write of its kind, "
+                     "both sides alike (first result: 6.54 s vs 4.68 s = 1.397x at "
+                     "1357e56); the in-process figures are reported beside, not judged. "
+                     "Recorded 2026-12-03 (issue 55 item 5).",)),
     Measure("restore_over_cold_read", 2.0, "<=", "x",
             "a cold read of the same rows into Arrow in each of the p tasks (one job)",
             Rule(repeats=1, statistic="single",
