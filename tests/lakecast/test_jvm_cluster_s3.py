@@ -11,9 +11,12 @@ One pure ``enrich(Lookup...)`` (an integer key with defaults, a composite string
 key whose misses go to ``unmatched``) walks several Delta versions of its dimensions
 (updates, deletes, inserts), batch after batch: every output row equals a pandas model
 of the dimensions, which applies the same changes itself. Then an executor JVM is killed
-with -9; the master gives the application a new one, which rebuilds the state from the
-chain on S3: the next batch still equals pandas and its accounting counts exactly that
-JVM cold.
+with -9 between batches; the master gives the application a new one, which rebuilds the
+state from the chain on S3: the next batch still equals pandas and its accounting counts
+exactly that JVM cold. The tutorial's shape (an ``Enrichment`` overriding ``transform``)
+runs on the cluster too, and loses an executor JVM mid-run (killed while it runs a task):
+the batch finishes on the survivor and the replacement, which rebuilds the state, equal to
+pandas, every event counted once.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from lakecast import BroadcastRuntime
@@ -36,7 +41,7 @@ from lakecast.delta import objstore
 from lakecast.spark import get_spark
 from tests.lakecast import cluster_helpers as ch
 from tests.lakecast.test_joins import _function as function
-from tests.lakecast.test_jvm_transform import priced, priced_model
+from tests.lakecast.test_jvm_transform import Priced, priced, priced_model
 from tests.moto_s3 import moto_server, s3_conf
 
 # a cluster of its own over Spark Connect (runs with the other connect tests, last), on
@@ -146,14 +151,14 @@ def write_version(spark, paths: dict[str, str], table: str, version: int) -> Non
     assert delta_io.latest_version(path) == version  # read by deltalake, not Spark
 
 
-def events(spark, batch: int):
-    """Batch ``batch``'s events, computed from ids in :data:`TASKS` partitions (a range
-    has no preferred executor, so both executors take tasks)."""
+def events(spark, batch: int, tasks: int = TASKS):
+    """Batch ``batch``'s events, computed from ids in ``tasks`` partitions (a range has
+    no preferred executor, so both executors take tasks)."""
     from pyspark.sql import functions as F
 
     start = batch * 10_000
     i = F.col("id")
-    return spark.range(start, start + EVENTS_PER_BATCH, 1, TASKS).select(
+    return spark.range(start, start + EVENTS_PER_BATCH, 1, tasks).select(
         i.alias("event_id"),
         F.when(i % 13 == 0, F.lit(None)).otherwise(i % 11).alias("user_id"),
         F.when(i % 5 == 4, "z").when(i % 2 == 0, "a").otherwise("b").alias("store"),
@@ -202,6 +207,26 @@ def check_batch(runtime: BroadcastRuntime, spark, batch: int, versions: dict[str
     rows = out.task_rows
     assert sum(r["events_in"] for r in rows) == EVENTS_PER_BATCH
     return rows
+
+
+class SlowPriced(Priced):
+    """:class:`Priced` whose transform, in a task, first writes a marker
+    ``<partition>-<attempt>-<pid>`` holding its Python worker's working directory (which
+    names the Spark worker and executor) into ``markers``, then sleeps ``delay`` s (its
+    lookups stay in the executor JVM: the tutorial's shape)."""
+
+    markers = ""
+    delay = 0.0
+
+    def transform(self, batch: pa.RecordBatch, ctx) -> pa.RecordBatch:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None and self.markers:  # not the planning probe on the client
+            name = f"{tc.partitionId()}-{tc.attemptNumber()}-{os.getpid()}"
+            Path(self.markers, name).write_text(os.getcwd())
+            time.sleep(self.delay)
+        return super().transform(batch, ctx)
 
 
 # -- the cluster's processes ------------------------------------------------------------
@@ -353,6 +378,69 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
             assert {r["pid"] for r in out.task_rows} <= set(executors(cluster))
         finally:
             transformed.close()
+
+        # a kill mid-run, the tutorial's shape: a batch warms both executors, then the
+        # next one's transform takes 2.5 s a task (8 tasks) and the executor JVM of
+        # worker-1 is killed -9 while it runs one: the lost task runs again, the master's
+        # replacement JVM takes tasks and rebuilds the state from the chain on S3; the
+        # rows still equal pandas, each event counted once, that JVM counted cold
+        base = function()
+        slow = SlowPriced(base.lookups, on_missing=base.on_missing)
+        slowed = BroadcastRuntime(spark, slow, paths, function_id="jvm-s3-slow")
+
+        def check_priced(out, batch: int) -> None:
+            want_main, want_unmatched = model(events_model(batch), users_at(4), products_at(1))
+            got = out.main.to_pandas().sort_values("event_id").reset_index(drop=True)
+            want_main = priced_model(want_main)
+            pd.testing.assert_frame_equal(got[list(want_main.columns)], want_main,
+                                          check_dtype=False)
+            assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
+                want_unmatched
+            assert sum(r["events_in"] for r in out.task_rows) == EVENTS_PER_BATCH
+
+        try:
+            assert slowed.state_engine == "jvm", slowed.state_engine_reason
+            warm = slowed.process(events(spark, 7), until=last).collect()
+            check_priced(warm, 7)
+            assert {r["pid"] for r in warm.task_rows} == set(executors(cluster)), \
+                warm.task_rows
+            marks = tmp_path / "markers"
+            marks.mkdir()
+            slow.markers, slow.delay = str(marks), 2.5
+            outcome: dict[str, object] = {}
+
+            def run() -> None:
+                try:
+                    outcome["out"] = slowed.process(events(spark, 8, tasks=8),
+                                                    until=last).collect()
+                except BaseException as e:  # reported by the assertion below
+                    outcome["error"] = e
+
+            before = executors(cluster)
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            wait_for("a task on worker-1", lambda: any(
+                "/worker-1/" in cwd for cwd in ch.markers(str(marks)).values())
+                or not thread.is_alive(), timeout=60)
+            (victim,) = [pid for pid, cwd in before.items() if "/worker-1/" in cwd]
+            os.kill(victim, signal.SIGKILL)
+            thread.join(timeout=120)
+            assert not thread.is_alive(), "the batch did not finish after the kill"
+            assert "error" not in outcome, outcome.get("error")
+            out = outcome["out"]
+            check_priced(out, 8)
+            attempts = ch.markers(str(marks))  # <partition>-<attempt>-<pid>: cwd
+            assert any(n.split("-")[1] != "0" for n in attempts), \
+                f"no lost task ran again: {attempts}"
+            (fresh,) = set(executors(cluster)) - set(before)
+            by_pid = {r["pid"]: r for r in out.task_rows}
+            assert victim not in by_pid, out.task_rows  # its lost attempt is not counted
+            assert fresh in by_pid, (fresh, out.task_rows)  # the replacement took tasks
+            assert by_pid[fresh]["cache"] == "cold" and by_pid[fresh]["state_bytes"] > 0
+            assert all(r["cache"] == "warm" for p, r in by_pid.items() if p != fresh), \
+                out.task_rows
+        finally:
+            slowed.close()
 
         # the state chain is on S3, nowhere local: the bases of both tables and every
         # version's changes (no rebase happened in between)
