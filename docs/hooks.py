@@ -50,7 +50,8 @@ from griffe_roles import plain_roles  # noqa: E402
 
 HELP_WIDTH = "88"
 #: benchmark modules that are parts of others, not benchmarks
-NOT_BENCHMARKS = {"__init__", "common", "soak_parts", "registry", "targets", "official"}
+NOT_BENCHMARKS = {"__init__", "charts", "common", "soak_parts", "registry", "targets",
+                  "official"}
 _ITEM = r"(?:'s)?(?:,? items? [0-9]+(?:[-\u2013][0-9]+)?)?"
 _ISSUE = re.compile(rf"\s*\(issues? [0-9]+{_ITEM}\s*([^)]*)\)|,?\s*\bissues? [0-9]+{_ITEM}")
 
@@ -422,6 +423,28 @@ def official_lines(name: str, data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def chart_lines(svg: str | None, caption: str) -> list[str]:
+    """An inline SVG chart (:mod:`benchmarks.charts`) as one raw HTML block, or nothing."""
+    if svg is None:
+        return []
+    body = "\n".join(line for line in svg.splitlines() if line.strip())
+    return [f'<figure class="lakecast-chart" markdown="0">{body}'
+            f"<figcaption>{md_text(caption)}</figcaption></figure>", ""]
+
+
+def history_lines(bench: Any, name: str, results: Path) -> list[str]:
+    """The chart of each ratio's history (``<name>.history.jsonl``), or nothing."""
+    from benchmarks.charts import history_svg
+    from benchmarks.official import history
+
+    runs = history(name, results)
+    if bench is None or not runs:
+        return []
+    return chart_lines(history_svg(bench.measures, runs, f"{name}: each ratio by run"),
+                       f"Every run in benchmarks/results/{name}.history.jsonl, oldest "
+                       "first; filled: a run that counts towards the official figures.")
+
+
 def _read_results(path: Path) -> tuple[Any, str | None]:
     try:
         return json.loads(path.read_text()), None
@@ -485,11 +508,17 @@ def benchmarks_markdown(results_dir: Path | None = None) -> str:
             figures, error = _read_results(official)
             if error is None and isinstance(figures, dict):
                 body += official_lines(name, figures)
+        body += history_lines(bench, name, results)
         path = results / f"{name}.json"
         data: Any = None
         if path.is_file():
             data, error = _read_results(path)
             if error is None and isinstance(data, dict):
+                from benchmarks.charts import latency_svg
+
+                body += chart_lines(latency_svg(data, f"{name}: latency distributions"),
+                                    f"Each latency distribution of benchmarks/results/"
+                                    f"{name}.json; dot: its p50.")
                 body += results_lines(bench, name, data)
             else:
                 data = error or "not a JSON object"

@@ -243,6 +243,23 @@ def test_the_benchmarks_page_shows_the_official_figures_beside_the_latest_run(
         "≤ 1.5\u00d7 | **PASS** |" in text
     # the latest run is shown too, failing or not
     assert "**Latest results**" in text
+    # each ratio's history as a chart drawn from the history at build (inline SVG: no
+    # network when the page is built or viewed)
+    chart = text[text.index('<figure class="lakecast-chart"'):text.index("</figure>")]
+    assert "<svg" in chart and "</svg>" in chart
+    assert "cluster: each ratio by run" in chart and "target &lt;= 1.5x" in chart
+    assert not re.search(r"""(?:href=["']|url\(|@import)\s*(?:https?:)?//""", chart)
+
+
+def test_the_benchmarks_page_charts_each_latency_distribution(tmp_path: Path) -> None:
+    hooks = load_hooks()
+    data = {"sensor": {"latencies_s": [2.0, 1.0, 3.0]}, "rates": {
+        "4000": {"latencies_s": [0.5, 0.7]}}, "continuous": {"latencies_s": [0.4]}}
+    (tmp_path / "freshness.json").write_text(json.dumps(data))
+    text = section(hooks.benchmarks_markdown(tmp_path), "freshness")
+    chart = text[text.index('<figure class="lakecast-chart"'):text.index("</figure>")]
+    assert "sensor (n=3, p50 2.00 s)" in chart and "rates.4000 (n=2, p50 0.60 s)" in chart
+    assert "continuous" not in chart  # one value is no distribution
 
 
 def test_the_benchmarks_page_shows_why_a_target_changed_and_runs_off_conditions(
