@@ -23,9 +23,10 @@ of ~``--events`` events, ``--every`` seconds apart):
    stream, left-joined with ``dim_products`` and ``user_segments`` read as static Delta
    tables, into a Delta sink, default trigger.
 
-For each: events commit -> first output commit holding those events (the pipeline's
-progress log for 1 and 2; the sink's commit whose file statistics reach the commit's
-last event id for 3), p50, p99 and max, and the ratios to 3.
+For each: events commit -> the first output commit holding any of its rows, both
+timestamps read from the Delta logs by this process, never from the pipeline's own
+records (:mod:`benchmarks.freshness_watch`, the one definition every freshness
+benchmark uses), p50, p99 and max, and the ratios to 3.
 
 **Sustained** (``--sustained-minutes``, continuous and streaming, each on a fresh copy):
 ``--sustained-rate`` events/s produced as one commit every ``--sustained-every`` s (the
@@ -58,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from benchmarks.common import dagster_home
+from benchmarks.freshness_watch import FreshnessWatch
 from benchmarks.sensor_freshness import bench_env, build_lake
 from benchmarks.targets import FRESHNESS as BENCH
 from jobs.ui import READY
@@ -73,59 +75,16 @@ MODES = ("sensor", "continuous", "streaming")
 SINK = "ss_enriched_events"
 
 
-def _pipeline_output_ms(root: Path) -> Callable[[int, int], int | None]:
-    """events version → commit time (ms) of the first ``enriched_events`` version of a
-    committed batch that covers it (the progress log, read without Spark)."""
-    from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
-    from lakecast.delta import io as delta_io
-    from lakecast.pipeline.progress import ProgressLog, progress_path
+def _watch(mode: str, root: Path) -> FreshnessWatch:
+    """The mode's freshness, read from the Delta logs of the events table and of its
+    output (``enriched_events``, or the streaming query's sink) by this process
+    (:mod:`benchmarks.freshness_watch`)."""
+    from assets.tables import EVENTS
+    from jobs.storefront.microbatch import ENRICHED_EVENTS
 
-    log = progress_path(str(root / "checkpoints"), ENRICHMENT.name)
-    out = str(root / "lake" / ENRICHED_EVENTS)
-    # read incrementally (only the commits since the last read), as the pipeline reads its
-    # own log and as the streaming side's finder reads its sink: a finder that re-read
-    # the whole log every 0.2 s took CPU from the side it measured, more as the log grew
-    progress = ProgressLog(None, log, ENRICHMENT.name)  # type: ignore[arg-type]
-
-    def find(version: int, _last_id: int) -> int | None:
-        plans, commits = progress.state()
-        by_id = {p.batch_id: p for p in plans}
-        for batch_id, c in sorted(commits.items()):
-            p = by_id.get(batch_id)
-            v = c.output_versions.get(ENRICHED_EVENTS, -1)
-            if p is not None and p.events_end >= version and v >= 0:
-                return delta_io.commit_info(out, v).timestamp_ms
-        return None
-
-    return find
-
-
-def _sink_output_ms(root: Path) -> Callable[[int, int], int | None]:
-    """last event id of a commit → commit time (ms) of the first sink commit whose files'
-    statistics (``maxValues.event_id``) reach it."""
-    from lakecast.delta import io as delta_io
-
-    sink = str(root / "lake" / SINK)
-    seen: dict[int, tuple[int, int]] = {}  # sink version -> (max event id, commit ms)
-
-    def find(_version: int, last_id: int) -> int | None:
-        newest = delta_io.latest_version(sink)
-        for v in range(0, (newest if newest is not None else -1) + 1):
-            if v not in seen:
-                top, ts = -1, 0
-                for a in delta_io.commit_actions(sink, v):
-                    if "add" in a and a["add"].get("stats"):
-                        top = max(top, json.loads(a["add"]["stats"]).get(
-                            "maxValues", {}).get("event_id", -1))
-                    if "commitInfo" in a:
-                        ci = a["commitInfo"]
-                        ts = int(ci.get("inCommitTimestamp", ci.get("timestamp", 0)))
-                seen[v] = (top, ts)
-            if seen[v][0] >= last_id:
-                return seen[v][1]
-        return None
-
-    return find
+    lake = root / "lake"
+    return FreshnessWatch(str(lake / EVENTS),
+                          str(lake / (SINK if mode == "streaming" else ENRICHED_EVENTS)))
 
 
 def streaming_query(root: str) -> int:
@@ -254,7 +213,7 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
         os.environ.pop("LAKECAST_SENSOR_INTERVAL_SECONDS", None)
     settings = get_settings()
     proc = start_consumer(mode, root, env, args.port)
-    find = _sink_output_ms(root) if mode == "streaming" else _pipeline_output_ms(root)
+    find = _watch(mode, root).output_ms
     latencies: list[float] = []
     commits: list[tuple[int, int]] = []  # (commit ms, output ms)
     try:
@@ -271,7 +230,7 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
             done = None
             wait_until = time.monotonic() + max(args.every, 120)
             while done is None and time.monotonic() < wait_until:
-                done = find(res.version, res.last_written)
+                done = find(res.version)
                 if done is None:
                     time.sleep(0.2)
             lat = None if done is None else (done - committed) / 1000
@@ -352,8 +311,8 @@ def sustained(mode: str, base: Path, args: argparse.Namespace, url: str, rate: i
         reps = -(-per_commit // max(1, template.num_rows))
         template = pa.concat_tables([template] * reps).slice(0, per_commit)
     proc = start_consumer(mode, root, env, args.port)
-    find = _sink_output_ms(root) if mode == "streaming" else _pipeline_output_ms(root)
-    pending: list[tuple[int, int, int]] = []  # (version, last id, commit ms)
+    find = _watch(mode, root).output_ms
+    pending: list[tuple[int, int]] = []  # (version, commit ms)
     latencies: list[float] = []
     next_id = int(pc.max(DeltaTable(events_path).to_pyarrow_table(
         columns=["event_id"]).column("event_id")).as_py()) + 1
@@ -369,7 +328,7 @@ def sustained(mode: str, base: Path, args: argparse.Namespace, url: str, rate: i
             next_id += per_commit
             version = delta_io.append_arrow(batch, events_path)
             committed = delta_io.commit_info(events_path, version).timestamp_ms
-            pending.append((version, next_id - 1, committed))
+            pending.append((version, committed))
             t_next += args.sustained_every
             while time.monotonic() < t_next:  # collect what has landed meanwhile
                 pending, done = _drain(pending, find)
@@ -400,13 +359,12 @@ def sustained(mode: str, base: Path, args: argparse.Namespace, url: str, rate: i
     return out
 
 
-def _drain(pending: list[tuple[int, int, int]],
-           find: Callable[[int, int], int | None]) -> tuple[list[tuple[int, int, int]],
-                                                            list[float]]:
+def _drain(pending: list[tuple[int, int]], find: Callable[[int], int | None]
+           ) -> tuple[list[tuple[int, int]], list[float]]:
     """The commits of ``pending`` whose output has landed: (still pending, latencies)."""
     done = []
-    for i, (version, last_id, committed) in enumerate(pending):
-        out_ms = find(version, last_id)
+    for i, (version, committed) in enumerate(pending):
+        out_ms = find(version)
         if out_ms is None:  # commits land in order: the later ones are not covered either
             return pending[i:], done
         done.append((out_ms - committed) / 1000)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import dagster_home
+from benchmarks.freshness_watch import FreshnessWatch
 from benchmarks.targets import SENSOR_FRESHNESS as BENCH
 from lakecast.config import get_settings
 
@@ -78,33 +79,17 @@ def build_lake(scale: float) -> None:
                    "vip_discount", "10")
 
 
-def _commit_ms(path: str, version: int) -> int:
-    from lakecast.delta import io as delta_io
-
-    return delta_io.commit_info(path, version).timestamp_ms
-
-
-def _wait_for_batch(settings, events_version: int, timeout: float) -> int | None:
-    """Poll the progress log until a committed batch covers ``events_version``; return
-    the commit time (ms) of that batch's ``enriched_events`` version."""
-    from jobs.storefront.microbatch import ENRICHED_EVENTS, ENRICHMENT
-    from lakecast.pipeline.progress import ProgressLog
-    from lakecast.spark import get_spark
-
-    spark = get_spark(settings=settings)
-    log = ProgressLog(spark, f"{settings.checkpoint_root}/{ENRICHMENT.name}/progress",
-                      ENRICHMENT.name)
+def _wait_for_output(watch: FreshnessWatch, events_version: int, timeout: float
+                     ) -> float | None:
+    """Seconds from the events commit ``events_version`` to the first ``enriched_events``
+    commit holding one of its rows, read from the Delta logs
+    (:mod:`benchmarks.freshness_watch`); ``None``: not landed within ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        plans, commits = log.state()
-        by_id = {p.batch_id: p for p in plans}
-        for batch_id, c in sorted(commits.items()):
-            p = by_id.get(batch_id)
-            if p is not None and p.events_end >= events_version:
-                v = c.output_versions.get(ENRICHED_EVENTS)
-                if v is not None and v >= 0:
-                    return _commit_ms(settings.table_path(ENRICHED_EVENTS), v)
-        time.sleep(0.5)
+        latency = watch.latency_s(events_version)
+        if latency is not None:
+            return latency
+        time.sleep(0.2)
     return None
 
 
@@ -171,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         time.sleep(max(20.0, (args.interval or settings.sensor_interval_seconds) + 5))
         spark = get_spark(settings=settings)
-        events_path = settings.table_path(EVENTS)
+        from jobs.storefront.microbatch import ENRICHED_EVENTS
+
+        watch = FreshnessWatch(settings.table_path(EVENTS),
+                               settings.table_path(ENRICHED_EVENTS))
         for i in range(args.commits):
             t_next = time.monotonic() + args.every
             res = producer.append_events(spark, settings, args.events, seed=5000 + i)
-            committed = _commit_ms(events_path, res.version)
-            done = _wait_for_batch(settings, res.version, timeout=max(args.every, 120))
-            lat = None if done is None else (done - committed) / 1000
+            lat = _wait_for_output(watch, res.version, timeout=max(args.every, 120))
             print(f"commit {i + 1}/{args.commits}: events v{res.version} ({res.rows} events) "
                   f"-> enriched after {lat if lat is None else round(lat, 2)} s", flush=True)
             if lat is not None:

@@ -106,11 +106,11 @@ def test_every_benchmark_declares_the_issue_targets():
                                        "lakecast_over_jvm_aggregation_total": ("<=", 0.5)}
     assert declared["snapshots"] == {"first_checkpoint_over_plain_write": ("<=", 2.0),
                                      "restore_over_cold_read": ("<=", 2.0)}
-    assert declared["sensor_freshness"] == {"sensor_p50_s": ("<=", 15.0),
-                                            "sensor_max_s": ("<=", 30.0)}
+    assert declared["sensor_freshness"] == {"sensor_p50_s": ("<=", 8.0),
+                                            "sensor_max_s": ("<=", 20.0)}
     assert {k: v for k, v in declared["freshness"].items() if k.startswith("continuous")} == {
-        "continuous_p50_s": ("<=", 1.0), "continuous_p99_s": ("<=", 3.0),
-        "continuous_sustained_p99_s": ("<=", 5.0),
+        "continuous_p50_s": ("<=", 0.5), "continuous_p99_s": ("<=", 1.5),
+        "continuous_sustained_p99_s": ("<=", 2.0),
         "continuous_sustained_lag_growing": ("<=", 0.0)}  # "no growing lag" (False = 0)
     assert declared["delta_log_poll"]["poll_p50_ms"] == ("<=", 20.0)
 
