@@ -229,6 +229,17 @@ class SlowPriced(Priced):
         return super().transform(batch, ctx)
 
 
+def check_priced(out, batch: int) -> None:
+    """A :class:`Priced` batch at users v4 / products v1: its rows equal pandas and every
+    event is counted once."""
+    want_main, want_unmatched = model(events_model(batch), users_at(4), products_at(1))
+    got = out.main.to_pandas().sort_values("event_id").reset_index(drop=True)
+    want_main = priced_model(want_main)
+    pd.testing.assert_frame_equal(got[list(want_main.columns)], want_main, check_dtype=False)
+    assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == want_unmatched
+    assert sum(r["events_in"] for r in out.task_rows) == EVENTS_PER_BATCH
+
+
 # -- the cluster's processes ------------------------------------------------------------
 def executors(cluster: Cluster) -> dict[int, str]:
     """pid -> working directory of every executor JVM of the cluster (the worker's work
@@ -367,13 +378,7 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
         try:
             assert transformed.state_engine == "jvm", transformed.state_engine_reason
             out = transformed.process(events(spark, 6), until=last).collect()
-            want_main, want_unmatched = model(events_model(6), users_at(4), products_at(1))
-            got = out.main.to_pandas().sort_values("event_id").reset_index(drop=True)
-            want_main = priced_model(want_main)
-            pd.testing.assert_frame_equal(got[list(want_main.columns)], want_main,
-                                          check_dtype=False)
-            assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
-                want_unmatched
+            check_priced(out, 6)
             assert {r["cache"] for r in out.task_rows} == {"cold"}
             assert {r["pid"] for r in out.task_rows} <= set(executors(cluster))
         finally:
@@ -387,16 +392,6 @@ def test_jvm_lookups_on_a_cluster_read_their_state_from_s3_and_survive_an_execut
         base = function()
         slow = SlowPriced(base.lookups, on_missing=base.on_missing)
         slowed = BroadcastRuntime(spark, slow, paths, function_id="jvm-s3-slow")
-
-        def check_priced(out, batch: int) -> None:
-            want_main, want_unmatched = model(events_model(batch), users_at(4), products_at(1))
-            got = out.main.to_pandas().sort_values("event_id").reset_index(drop=True)
-            want_main = priced_model(want_main)
-            pd.testing.assert_frame_equal(got[list(want_main.columns)], want_main,
-                                          check_dtype=False)
-            assert sorted(out.sides["unmatched"].column("event_id").to_pylist()) == \
-                want_unmatched
-            assert sum(r["events_in"] for r in out.task_rows) == EVENTS_PER_BATCH
 
         try:
             assert slowed.state_engine == "jvm", slowed.state_engine_reason
