@@ -68,12 +68,17 @@ class Measure:
     #: why the target is what it is, one sentence per change, oldest first (e.g.
     #: ``"2030-01-02: 0.5 -> 0.33, because ..."``); shown with the target in the docs
     history: tuple[str, ...] = ()
+    #: what the measurements behind a failing official figure show and what would meet
+    #: the target, one sentence each (the figures stay in the results files); shown with
+    #: the official figures in the docs while the figure fails
+    findings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
             raise ValueError(f"{self.name}: op {self.op!r} is not one of {sorted(_OPS)}")
-        if isinstance(self.history, str):
-            raise TypeError(f"{self.name}: history is a tuple of sentences, not a string")
+        for what in ("history", "findings"):
+            if isinstance(getattr(self, what), str):
+                raise TypeError(f"{self.name}: {what} is a tuple of sentences, not a string")
 
     def extract(self, result: Result) -> tuple[float | None, dict[str, Any]]:
         """``(value, side values)`` of this measure in ``result`` (``None``: absent)."""

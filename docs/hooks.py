@@ -402,10 +402,11 @@ def results_lines(bench: Any, name: str, data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def official_lines(name: str, data: dict[str, Any]) -> list[str]:
+def official_lines(bench: Any, name: str, data: dict[str, Any]) -> list[str]:
     """A benchmark's official figures (``benchmarks/results/<name>.official.json``, made by
     ``python -m benchmarks.official``): per measure the median of its counted runs, the
-    runs and their spread, the target and the verdict."""
+    runs and their spread, the target and the verdict; under them, what each failing
+    measure's findings say (:attr:`benchmarks.registry.Measure.findings`)."""
     lines = [f"**Official figures** (`benchmarks/results/{name}.official.json`: the median of "
              f"{data.get('runs_needed')} counted runs at "
              f"{commit_text(data.get('git_commit'))}):", "",
@@ -420,7 +421,15 @@ def official_lines(name: str, data: dict[str, Any]) -> list[str]:
             f"{f'{number(spread[0])}-{number(spread[1])}' if spread else DASH} | "
             f"{target_text(str(r.get('op')), r.get('target'), unit)} | "
             f"**{r.get('verdict')}** |")
-    return [*lines, ""]
+    lines.append("")
+    declared = {m.name: m for m in bench.measures} if bench else {}
+    failing = [(m, s) for r in data.get("measures", []) if r.get("verdict") == "FAIL"
+               and (m := declared.get(r.get("measure"))) for s in m.findings]
+    if failing:
+        lines += ["**Why the failing figures fail, and what would meet them:**", ""]
+        lines += [f"- `{m.name}`: {md_text(without_issues(s))}" for m, s in failing]
+        lines.append("")
+    return lines
 
 
 def chart_lines(svg: str | None, caption: str) -> list[str]:
@@ -507,7 +516,7 @@ def benchmarks_markdown(results_dir: Path | None = None) -> str:
         if official.is_file():
             figures, error = _read_results(official)
             if error is None and isinstance(figures, dict):
-                body += official_lines(name, figures)
+                body += official_lines(bench, name, figures)
         body += history_lines(bench, name, results)
         path = results / f"{name}.json"
         data: Any = None

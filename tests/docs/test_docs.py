@@ -224,23 +224,31 @@ def test_the_benchmarks_page_shows_targets_and_each_results_file(tmp_path: Path)
 
 def test_the_benchmarks_page_shows_the_official_figures_beside_the_latest_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from benchmarks import registry
+    from benchmarks import registry, targets
     from benchmarks.official import official
     from benchmarks.registry import Benchmark, Measure, Start, key
 
     hooks = load_hooks()
     bench = Benchmark("cluster", "python -m benchmarks.cluster", (
-        Measure("cluster_over_local", 1.5, "<=", "x", "local[2]", value=key("r")),))
+        Measure("cluster_over_local", 1.5, "<=", "x", "local[2]", value=key("r"),
+                findings=("the shuffle waits for the slower worker.",)),
+        Measure("cluster_over_local_max", 2.0, "<=", "x", "local[2]", value=key("m"),
+                findings=("never shown: this figure passes.",))))
     quiet = Start((0.1, 0.1, 0.1), 0.0, "2030-01-02T03:04:05+00:00", None, 0.01)
     monkeypatch.setattr(registry, "git_commit", lambda root=None: "ab" * 20)
-    for r in (1.62, 1.31, 1.44):
-        bench.report({"r": r}, quiet, results_dir=tmp_path)
+    monkeypatch.setattr(targets, "ALL", tuple(bench if b.name == "cluster" else b
+                                              for b in targets.ALL))
+    for r in (1.62, 1.55, 1.44):
+        bench.report({"r": r, "m": 1.0}, quiet, results_dir=tmp_path)
     (tmp_path / "cluster.official.json").write_text(
         json.dumps(official(bench, results_dir=tmp_path)))
     text = section(hooks.benchmarks_markdown(tmp_path), "cluster")
     assert "**Official figures**" in text and f"`{'ab' * 20}`" in text
-    assert "| `cluster_over_local` | 1.44\u00d7 | 1.62, 1.31, 1.44 | 1.31-1.62 | " \
-        "≤ 1.5\u00d7 | **PASS** |" in text
+    assert "| `cluster_over_local` | 1.55\u00d7 | 1.62, 1.55, 1.44 | 1.44-1.62 | " \
+        "≤ 1.5\u00d7 | **FAIL** |" in text
+    # a failing official figure says why, from its findings; a passing one does not
+    assert "- `cluster_over_local`: the shuffle waits for the slower worker." in text
+    assert "never shown" not in text
     # the latest run is shown too, failing or not
     assert "**Latest results**" in text
     # each ratio's history as a chart drawn from the history at build (inline SVG: no
