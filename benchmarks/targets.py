@@ -69,7 +69,19 @@ BROADCAST_ENRICHMENT = Benchmark(
                      "unofficial run at c508ffe); a probe of both at 9b33732: mapInArrow "
                      "1.53, the Arrow UDF over every column 1.58, over the two read columns "
                      "1.14. The same function without the declaration is reported beside, "
-                     "without a target (a.transform_any_ratio).",)),
+                     "without a target (a.transform_any_ratio).",),
+            findings=("Any Python stage pays PySpark's Arrow round trip of its rows to the "
+                      "Python workers and back, which the Spark SQL side never leaves the JVM "
+                      "for: the same lookups hand-written in one mapInArrow without Lakecast "
+                      "(a.handwritten_median_s, reported beside) take longer than the whole "
+                      "F.broadcast side, and a probe of the tutorial's transform alone on the "
+                      "same events found its own Python a small share of the Lakecast "
+                      "side's time, the round trip of the columns it reads and makes most "
+                      "of the gap.",
+                      "What would meet the target: a transform that stays in the JVM after "
+                      "the JVM lookups, declared as Spark column expressions or compiled to "
+                      "them from pyarrow.compute calls; a transform in Python pays the round "
+                      "trip whatever it does.")),
     Measure("b_cold_rebuild_1m_s", 2.0, "<=", "s",
             "a cold executor JVM's build of the 1M-row dimension from the chain's base",
             Rule(repeats=3, statistic="median", first_run_counts=True,
@@ -86,7 +98,21 @@ BROADCAST_ENRICHMENT = Benchmark(
                       "without a target (0.41 to 0.49 in the committed runs); its target "
                       "declared 2026-12-03 before the next run"),
             value=key("b.ratio"),
-            sides=sides(lakecast_s="b.lakecast_total_s", batch_join_s="b.batch_join_total_s")),
+            sides=sides(lakecast_s="b.lakecast_total_s", batch_join_s="b.batch_join_total_s"),
+            findings=("Both sides pay the same Spark Delta append of about the same rows in "
+                      "every batch, and that append alone (b.totals_s.events_append: the "
+                      "raw events appended with Spark) is a large share of the batch-join "
+                      "side's whole time, so the ratio cannot go much below that share "
+                      "however fast the enrichment is: to reach the target with Spark's "
+                      "append on both sides, the Lakecast enrichment would have to take less "
+                      "than a pass-through mapInArrow of the same events costs "
+                      "(b.totals_s.identity_nosink).",
+                      "What would meet it: the whole function in the executor JVM (no Python "
+                      "stage), or Lakecast's own write; Lakecast's exactly-once path (rows "
+                      "collected as Arrow, a delta-rs append with a transaction id: "
+                      "b.totals_s.lakecast_txn) makes the whole Lakecast batch cheaper "
+                      "than Spark's append alone, and passes against the stream-static "
+                      "query (b_exactly_once_over_stream_static).")),
     Measure("b_no_sink_over_stream_static", 0.33, "<=", "x",
             "stream-static join into the noop sink (batch job), 20 micro-batches",
             Rule(repeats=20, statistic="total", order="rotated", first_run_counts=True),
@@ -152,7 +178,25 @@ KEYED_STATE = Benchmark("keyed_state", "python -m benchmarks.keyed_state", (
             value=key("ratios_lakecast_over_agg.total_s"),
             sides=sides(lakecast_s="sides.lakecast.total_s", agg_s="sides.agg.total_s",
                         agg_query_start_s="sides.agg.query_start_s",
-                        agg_latency_s="sides.agg.extra.latency_total_s")),
+                        agg_latency_s="sides.agg.extra.latency_total_s"),
+            findings=("Each Lakecast batch is a unit of work of its own: it reads the "
+                      "state rows of the batch's keys from the Delta state table, shuffles "
+                      "and sorts the events and those rows by key group, calls the Python "
+                      "function once per event, then appends the changed keys to the state "
+                      "table and the output. A probe of the same batches, each step forced "
+                      "and timed on its own (benchmarks.keyed_phases: results/"
+                      "keyed_state.phases.json), found the shuffled job with the per-event "
+                      "Python calls the largest share of a batch, the state read before it "
+                      "the next, both writes a small share. "
+                      "The JVM aggregation is one always-on query: its state stays in "
+                      "RocksDB on the executor between batches and its update is generated "
+                      "JVM code over the whole batch.",
+                      "What would meet the target: keyed state kept warm on the executors "
+                      "across batches (RocksDB or Spark's state store, with Delta as the "
+                      "checkpoint it restores from) instead of a join against the state "
+                      "table per batch, and a keyed update declared as a vectorized "
+                      "function of a key group's events (or as Spark aggregate "
+                      "expressions) instead of one Python call per event.")),
 ), conditions=_keyed_state_conditions)
 
 SNAPSHOTS = Benchmark("snapshots", "python -m benchmarks.snapshots", (
