@@ -13,6 +13,9 @@
 4. reports, from the Delta logs and the Dagster instance:
 
    - events commit -> first ``enriched_events`` commit holding those events: p50, max;
+   - per commit, where the time went: commit -> the sensor's run created (``tick_s``),
+     created -> started (``launch_s``: the queue, the run's process and its code
+     location's imports), started -> the output commit (``run_s``);
    - run time (Dagster's start -> end) of the run that found nothing new;
    - cold tasks in each run's first batch, and the gap since the previous run ended.
 
@@ -150,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         start_new_session=True)
     from assets import flags, producer
     from assets.tables import EVENTS
+    from benchmarks.freshness import sensor_breakdown
+    from lakecast.delta import io as delta_io
     from lakecast.spark import get_spark
 
     latencies: list[float] = []
+    landed: list[tuple[int, int]] = []  # (events commit ms, output commit ms)
     try:
         time.sleep(max(20.0, (args.interval or settings.sensor_interval_seconds) + 5))
         spark = get_spark(settings=settings)
@@ -168,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"-> enriched after {lat if lat is None else round(lat, 2)} s", flush=True)
             if lat is not None:
                 latencies.append(lat)
+                done = watch.output_ms(res.version)
+                if done is not None:
+                    landed.append((delta_io.commit_info(settings.table_path(EVENTS),
+                                                        res.version).timestamp_ms, done))
             time.sleep(max(0.0, t_next - time.monotonic()))
         # a broadcast-only change: the sensor starts no run for it (no new events, no
         # work); a run launched anyway finds nothing new, which is the no-op run measured
@@ -197,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         "p50_s": round(statistics.median(latencies), 2) if latencies else None,
         "max_s": round(max(latencies), 2) if latencies else None,
         "noop_run_seconds": [round(r["seconds"], 2) for r in noop],
+        # per commit: commit -> run created (tick), created -> started (queue, process
+        # and code location load), started -> output commit (the run's own work)
+        "breakdown": sensor_breakdown(root, landed),
         "runs": runs,
     }
     BENCH.report(result)
