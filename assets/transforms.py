@@ -41,7 +41,9 @@ QUARANTINE_COLUMNS = (
 def _with_raw(df: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return df.withColumn("_raw", F.to_json(F.struct(*[F.col(c) for c in df.columns])))
+    # ``struct("*")``: the columns resolve on the server with the plan, so building the
+    # frame asks Spark Connect for no schema (a round trip per batch in continuous mode)
+    return df.withColumn("_raw", F.to_json(F.struct("*")))
 
 
 def _first_reason(checks: list[tuple[Column, str]]) -> Column:
