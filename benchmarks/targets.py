@@ -318,22 +318,22 @@ def _make_ui(result: Result) -> str | None:
 #: freshness.phases.json: a batch's laps, its waits on the server, the server's jobs) showed
 _CONTINUOUS_FINDINGS = (
     "A warm batch of 1,300 events is one Spark job over Spark Connect, and most of its time "
-    "is not in that job's tasks: the Spark jobs the server runs for it take about a quarter "
-    "of the batch or less; the rest is the server planning the batch's one large query "
-    "(validation, cross-batch dedup, held events, the Python state function, the rejected "
-    "rows, results back as Arrow) and the schema requests the batch's DataFrames make "
-    "before it, each a round trip in which the server analyzes the plan again. With the "
-    "events appended by deltalake (a user's asset) the first of those requests, the "
-    "validator's df.columns over the new events, is the costliest and runs a Spark job of "
-    "its own; with the events appended through Spark on the same server (this benchmark's "
-    "producer) they are read through the table's Change Data Feed and the planning of the "
-    "batch's query is the larger share. The poll, the delta-rs writes and the progress log "
-    "are a small share.",
-    "What would meet the target: a batch that asks the server for no schema before it runs "
-    "(the events' schema is in the Delta log; the columns the library adds are known) and "
-    "whose query is planned once per runtime and reused with the new events bound to it, "
-    "so that a batch costs its tasks, its transfer and its writes; or, for batches this "
-    "small, the events enriched on the driver from the state it holds, without a Spark job.",
+    "is not in that job's tasks: the Spark jobs the server runs for it are a small share; "
+    "the rest is the server planning the batch's one large query (validation, cross-batch "
+    "dedup, held events, the Python state function, the rejected rows, results back as "
+    "Arrow) and the schema requests the batch's DataFrames made before it, each a round "
+    "trip in which the server analyzes the plan again. The costliest request, the "
+    "validator's df.columns over the new events, is gone since 18a3f7b (the raw record is "
+    "to_json(struct(*)), resolved with the plan); that halved the probe's warm batch and "
+    "brought the official p50 to about half of the figure before it. The dedup marks and "
+    "the rejected rows made two more requests each batch; they are gone since the commit "
+    "after the official runs (measured by the probe, not yet by official runs). The poll, "
+    "the delta-rs writes and the progress log are a small share.",
+    "What would meet the target: the query of a batch planned once per runtime and reused "
+    "with the new events bound to it, so that a batch costs its tasks, its transfer and its "
+    "writes (the server's planning is now the larger part of what is left); or, for "
+    "batches this small, the events enriched on the driver from the state it holds, "
+    "without a Spark job.",
 )
 _CONTINUOUS_P99_FINDINGS = (
     "In every official run the slowest commit was the tenth: the batch at which the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -139,6 +140,12 @@ def test_end_to_end_across_two_broadcast_versions(spark, lake):
     got_rej = rejected.assign(event_id=rejected.raw_record.map(
         lambda s: pd.read_json(__import__("io").StringIO(f"[{s}]")).event_id[0]))
     _check(got_rej, want_rej, ["event_id", "reason"])
+    # each raw record is the event as validated: its non-null fields in the events' column
+    # order, then the parsed time; never the reason column
+    order = [*ml.EVENT_COLUMNS, "event_ts"]
+    for raw in rejected.raw_record:
+        keys = list(json.loads(raw))
+        assert keys == [c for c in order if c in keys] and "event_id" in keys, raw
     # every input row is in exactly one output
     assert len(enriched) + len(unmatched) + len(rejected) == len(batch1) + len(batch2)
     assert enriched.event_id.is_unique

@@ -314,8 +314,10 @@ class DedupLookup:
         if prior.horizon is not None:
             late = marked.isNull() & (now < F.lit(_micros(prior.horizon)))
             marked = F.when(late, F.lit(self.spec.late_reason)).otherwise(marked)
-        return joined.select(*[marked.alias(c) if c == reason else F.col(c)
-                               for c in checked.columns])
+        # withColumn replaces ``reason`` in place: no schema request (a Spark Connect round
+        # trip per batch) to list ``checked``'s columns
+        out = joined.withColumn(reason, marked)
+        return out if rows is None else out.drop(KEY, TIMES)
 
     def late_count(self, rows: pa.Table, column: str = "reason") -> int:
         """Collected rejected rows rejected as older than the horizon."""

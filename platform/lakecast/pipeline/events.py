@@ -262,6 +262,7 @@ def rejected_rows(rejected: DataFrame, plan: BatchPlan, reason: str) -> DataFram
 
     return rejected.select(
         F.col(reason).alias("reason"),
-        F.to_json(F.struct(*[c for c in rejected.columns if c != reason])).alias("raw_record"),
+        # every column but ``reason``, in order, resolved with the plan (no schema request)
+        F.to_json(F.struct("*").dropFields(reason)).alias("raw_record"),
         F.lit(plan.batch_id).alias("batch_id"),
     )
