@@ -326,8 +326,8 @@ _CONTINUOUS_FINDINGS = (
     "validator's df.columns over the new events, is gone since 18a3f7b (the raw record is "
     "to_json(struct(*)), resolved with the plan); that halved the probe's warm batch and "
     "brought the official p50 to about half of the figure before it. The dedup marks and "
-    "the rejected rows made two more requests each batch; they are gone since the commit "
-    "after the official runs (measured by the probe, not yet by official runs). The poll, "
+    "the rejected rows made two more requests each batch; they are gone since 702e50b, "
+    "which no official run has measured yet. The poll, "
     "the delta-rs writes and the progress log are a small share.",
     "What would meet the target: the query of a batch planned once per runtime and reused "
     "with the new events bound to it, so that a batch costs its tasks, its transfer and its "
