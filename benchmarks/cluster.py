@@ -1,6 +1,6 @@
 """Benchmark: a micro-batch of 50k events on a 2-worker standalone cluster vs ``local[2]``.
 
-    .venv/bin/python -m benchmarks.cluster [--events 50000] [--batches 3] [--name NAME]
+    .venv/bin/python -m benchmarks.cluster [--events 50000] [--batches 5] [--name NAME]
 
 Both sides run the storefront enrichment pipeline (``jobs.storefront.pipeline``) on a
 Lakecast Spark server (Spark Connect), one after the other, on lakes of their own:
@@ -114,7 +114,7 @@ def run_side(name: str, url: str, root: Path, events: int, batches: int) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000, help="events per batch")
-    parser.add_argument("--batches", type=int, default=3, help="timed batches per side")
+    parser.add_argument("--batches", type=int, default=5, help="timed batches per side")
     parser.add_argument("--name", default="cluster", help="results/<name>.json")
     args = parser.parse_args(argv)
     BENCH.start()
