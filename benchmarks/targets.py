@@ -327,7 +327,8 @@ _CONTINUOUS_FINDINGS = (
     "to_json(struct(*)), resolved with the plan); that halved the probe's warm batch and "
     "brought the official p50 to about half of the figure before it. The dedup marks and "
     "the rejected rows made two more requests each batch; they are gone since 702e50b, "
-    "which no official run has measured yet. The poll, "
+    "but the probe shows the analysis's Spark job moved to the first request left (the "
+    "held events' columns), so the batch barely changed. The poll, "
     "the delta-rs writes and the progress log are a small share.",
     "What would meet the target: the query of a batch planned once per runtime and reused "
     "with the new events bound to it, so that a batch costs its tasks, its transfer and its "
