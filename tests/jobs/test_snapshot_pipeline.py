@@ -51,6 +51,8 @@ def _changes(step: int) -> tuple[dict[int, str], str | None, tuple[int, int, int
         return {1: "CHURNING", 5: "VIP"}, "25", (100, 20, 2)
     if step == 2:
         return {6: "VIP"}, None, (200, 20, 3)
+    if step >= 10:  # events only: the broadcast state does not move
+        return {}, None, (100 * step, 12, step)
     return {step % 6 + 1: "VIP" if step % 2 else "NEW"}, None, (100 * step, 12, step)
 
 
@@ -381,6 +383,34 @@ def test_deferred_checkpoints_hold_the_state_of_their_batch_and_restore_exactly(
     (r4,) = cold.run()
     assert cold.runtime.restored.header.checkpoint_id == max(headers)
     assert r4.state_check["restored_from_checkpoint"] == max(headers)
+    _assert_reference(spark, lake, _reference(batches))
+
+
+def test_a_continuous_run_hashes_the_state_ahead_of_a_due_batch_when_it_does_not_move(
+        spark, lake):
+    """With deferred checkpoints, the tasks' hashes for the batch a checkpoint is due at are
+    taken in the background after the batch before it. The due batch uses them when no
+    broadcast version came in between (``state_hashed_ahead`` 1), else hashes its own
+    state before its commit (0). Each checkpoint holds the state of its batch, and every
+    output row equals the pandas reference."""
+    store = SnapshotStore(spark, snapshot_path(lake, "enrichment"), "enrichment")
+    b = build_pipeline(spark, lake, 1, parallelism=2, checkpoint_every=2, function_id="ahead")
+    assert b.defer_checkpoints()
+    batches: list[tuple[int, dict[str, int]]] = []
+    ahead = {}
+    for step in (0, 10, 11, 12, 4):  # 10-12: events only; 4 adds a user segment
+        _inputs(spark, lake, step)
+        batches.append((step, _versions(lake)))
+        (r,) = b.run()
+        ahead[r.plan.batch_id] = (r.state_check or {}).get("state_hashed_ahead")
+        b.settle()  # each checkpoint written before the next batch
+    # batch 0: no checkpoint yet (nothing before it); 1 and 3: not due; 2: due, the state
+    # unchanged since batch 1; 4: due, user_segments moved after batch 3
+    assert ahead == {0: 0, 1: None, 2: 1, 3: None, 4: 0}
+    headers = {h.checkpoint_id: h for h in store.headers()}
+    assert set(headers) == {0, 2, 4}
+    for cid, h in headers.items():
+        assert h.batch_id == cid and h.state_version == batches[cid][1], (cid, h)
     _assert_reference(spark, lake, _reference(batches))
 
 

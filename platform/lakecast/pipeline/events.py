@@ -230,9 +230,11 @@ def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan,
     read without Spark; ``None`` when a file has none). That count is independent of the
     read, so the batch reconciles against it. One pass over the range's commits also
     checks that it only appends (else :class:`AppendOnlyError`; ``rewrites="skip"``: such
-    commits are skipped, each said at WARNING). The rows come from the Change Data Feed
-    when the table records it over the range, else from the data files the range added
-    (:func:`read_added_files`)."""
+    commits are skipped, each said at WARNING). The rows come from the data files the
+    range added (:func:`read_added_files`: small ones read on the driver, so the Spark
+    server loads no snapshot of the table, not even one that starts at a Delta
+    checkpoint), or from the Change Data Feed when the table records it over the range
+    and the added files are too large to read on the driver (for appends, the same rows)."""
     from pyspark.sql import functions as F
 
     if rewrites not in ("fail", "skip"):
@@ -246,7 +248,9 @@ def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan,
         log.warning("events table %s version %d (%s) deletes or updates rows: skipped "
                     "(events_rewrites='skip'; its rows are not read, outputs are not "
                     "retracted)", table, version, op)
-    if not commits.cdf or commits.skipped:
+    small = sum(int(a.get("size") or 0) for adds in commits.adds.values()
+                for a in adds) <= DIRECT_READ_BYTES
+    if not commits.cdf or commits.skipped or small:
         log.debug("events %s v%d..v%d: read from the added files", table, start, end)
         return read_added_files(spark, path, table, commits, end), commits.rows
     changes = delta_io.read_changes(spark, path, start, end)

@@ -98,8 +98,12 @@ class Checkpointer:
         return checkpoint_id not in self._abandoned
 
     def due(self, plan: BatchPlan) -> bool:
+        return self.due_at(plan.batch_id)
+
+    def due_at(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` is checkpointed (with no checkpoint running)."""
         self._ensure_synced()
-        return self._last is None or plan.batch_id - self._last >= self.every
+        return self._last is None or batch_id - self._last >= self.every
 
     def record(self, result: CheckpointResult, pinned: set[int]) -> None:
         """Remember a checkpoint just taken, then apply retention."""

@@ -6,7 +6,9 @@ A :class:`~lakecast.runtime.BroadcastRuntime` whose
   anything of it is written) runs a Spark job over ``p`` tasks where each task
   serializes ITS task-local state (the worker cache the batch just used, or built from
   the same chain), hashes it, and reports a manifest row per state; the driver fails the
-  batch when tasks disagree (:class:`~lakecast.snapshots.CheckpointDivergenceError`);
+  batch when tasks disagree (:class:`~lakecast.snapshots.CheckpointDivergenceError`). In
+  a continuous run that job runs ahead, in the background after the batch before, and is
+  used when the batch's state is the one it hashed (no broadcast version in between);
 * :meth:`SnapshottingRuntime.checkpoint` (after the commit) reuses that manifest, then a
   second job writes each distinct content once, and the header, manifest and content
   rows commit together (one Delta version; :mod:`lakecast.snapshots.capture`); with
@@ -106,6 +108,7 @@ class SnapshottingRuntime(BroadcastRuntime):
         self._restoring = False
         self._background: ThreadPoolExecutor | None = None
         self._inflight: Future[dict[str, Any]] | None = None
+        self._early: tuple[tuple[int, str, str], Future[list[ManifestRow]]] | None = None
 
     @property
     def task_parallelism(self) -> int:
@@ -270,7 +273,31 @@ class SnapshottingRuntime(BroadcastRuntime):
         try:
             self.settle()
         finally:
+            early, self._early = self._early, None
+            if early is not None:  # hashes taken ahead that no batch used
+                early[1].exception()
             super().close()
+
+    def _hash_ahead(self, plan: BatchPlan) -> None:
+        """With :meth:`defer_checkpoints`, when the batch after ``plan`` will be
+        checkpointed: start the manifest job now, in the background, between the two
+        batches. That batch's :meth:`before_commit` uses its hashes when the state is
+        still this one (same function identity and chain: no broadcast version since)."""
+        cp = self.checkpointer
+        nxt = plan.batch_id + 1
+        if (self._background is None or cp is None or self._early is not None
+                or not self._chain or self._running() or not cp.due_at(nxt)):
+            return
+        self._early = ((nxt, self.function_id, self._chain_key()), self._background.submit(
+            task_manifest, self.spark, self.task_plan(), self.task_parallelism))
+
+    def _early_manifest(self, plan: BatchPlan) -> list[ManifestRow] | None:
+        """The manifest :meth:`_hash_ahead` took of this batch's state, if it did (its
+        error, if it failed, is raised here)."""
+        early, self._early = self._early, None
+        if early is None or early[0] != (plan.batch_id, self.function_id, self._chain_key()):
+            return None
+        return early[1].result()
 
     def before_commit(self, output: BatchOutput, plan: BatchPlan) -> Mapping[str, Any] | None:
         """Before anything of the batch is written: if the batch will be checkpointed, each
@@ -283,10 +310,12 @@ class SnapshottingRuntime(BroadcastRuntime):
         if not self._due(plan):
             return report or None
         p = self.task_parallelism
-        manifest = self.task_manifest(p)
+        ahead = self._early_manifest(plan)
+        manifest = ahead or self.task_manifest(p)
         self.check_divergence(manifest, p, plan.batch_id, batch_id=plan.batch_id)
         self._verified = (plan.batch_id, self.function_id, self._chain_key(), manifest)
         report["state_tasks_verified"] = p
+        report["state_hashed_ahead"] = int(ahead is not None)
         return report
 
     def _chain_key(self) -> str:
@@ -308,6 +337,7 @@ class SnapshottingRuntime(BroadcastRuntime):
         done = self.settle() if self._inflight is not None and not self._running() else None
         cp = self.checkpointer
         if cp is None or not self._due(plan):
+            self._hash_ahead(plan)
             return done
         v = self._verified
         manifest = v[3] if v is not None and v[:3] == (
