@@ -61,8 +61,10 @@ class ContinuousConfig(Config):
 
     max_seconds: float = Field(default=3600.0, description="End the run after this long "
                                "(checked between batches).")
-    poll_seconds: float = Field(default=0.25, description="How often to read the Delta "
-                                "logs' versions while idle.")
+    poll_seconds: float = Field(default=0.05, description="How often to read the Delta "
+                                "logs' versions while idle (a local lake: a stat per "
+                                "table; object storage: requests per table, so raise "
+                                "it there).")
     max_batches: int | None = Field(default=None, description="End after this many batches.")
     parallelism: int | None = Field(
         default=None, description="Tasks per batch (default: the declaration's).")

@@ -32,7 +32,7 @@ A held event is matched to its earlier hold by its column values.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -131,23 +131,26 @@ class HeldEvents:
         return valid.unionByName(again)
 
     def settle(self, held_rows: pa.Table | None, prior: pa.Table | None,
-               event_columns: Sequence[str], plan: BatchPlan) -> HeldOutcome:
+               event_columns: Callable[[], Sequence[str]], plan: BatchPlan) -> HeldOutcome:
         """Split the function's held output of this batch into the held set it leaves and
-        the events past the timeout; an event held before keeps its first hold's time."""
+        the events past the timeout; an event held before keeps its first hold's time.
+        ``event_columns`` is asked only when a held event is to be identified or the held
+        set has no columns yet (over Spark Connect it is a schema request)."""
         now, limit = plan.planned_at_ms, int(self.timeout.total_seconds() * 1000)
         first: dict[str, tuple[int, int]] = {}
         if prior is not None:
             since = prior.column(HELD_SINCE).to_pylist()
             batch = prior.column(HELD_BATCH).to_pylist()
-            for i, key in enumerate(_fingerprints(prior, event_columns)):
+            for i, key in enumerate(_fingerprints(prior, event_columns())):
                 first[key] = min(first.get(key, (since[i], batch[i])), (since[i], batch[i]))
         if held_rows is not None:
             rows = held_rows
         elif prior is not None:  # the function held nothing: an empty set, same columns
             rows = prior.drop_columns([HELD_SINCE, HELD_BATCH]).slice(0, 0)
         else:
-            rows = pa.table({c: pa.array([], pa.null()) for c in event_columns})
-        found = [first.get(k, (now, plan.batch_id)) for k in _fingerprints(rows, event_columns)]
+            rows = pa.table({c: pa.array([], pa.null()) for c in event_columns()})
+        found = [first.get(k, (now, plan.batch_id))
+                 for k in _fingerprints(rows, event_columns())] if rows.num_rows else []
         since_col = pa.array([s for s, _ in found], pa.int64())
         batch_col = pa.array([b for _, b in found], pa.int64())
         expired = pc.less_equal(pc.add(since_col, limit), now)

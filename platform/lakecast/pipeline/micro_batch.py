@@ -71,8 +71,8 @@ COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
-#: a batch's held set before it ran (``None``: none), its event columns
-Held = tuple["pa.Table | None", list[str]] | None
+#: a batch's held set before it ran (``None``: none), and its event columns (asked lazily)
+Held = tuple["pa.Table | None", Callable[[], list[str]]] | None
 
 
 class ConcurrentRunError(LakecastError):
@@ -237,7 +237,8 @@ class MicroBatchPipeline:
         held = None
         if self.held is not None:  # the held set the last batch left, re-offered
             _, last = self.log.last_committed()
-            held = (self.held.prior(last.output_versions if last else {}), valid.columns)
+            held = (self.held.prior(last.output_versions if last else {}),
+                    lambda v=valid: v.columns)  # asked only when needed (a schema request)
             if held[0] is not None:
                 valid = self.held.offer(valid, held[0])
         crash_point("read", plan.batch_id)

@@ -277,7 +277,8 @@ def replay(pipeline: MicroBatchPipeline, into: str, *, first: int | None = None,
                                                        if fixed is None else fixed))
             result = runner.run(valid, at)
             if held is not None:
-                settled = held.settle(result.sides.get(HELD_SIDE), held_rows, columns, plan)
+                settled = held.settle(result.sides.get(HELD_SIDE), held_rows,
+                                      lambda c=columns: c, plan)
                 held_rows = settled.held if settled.held.num_rows else None
             _write(result.main, plan.batch_id, path, first=not out)
             done = ReplayedBatch(plan, at.broadcast_versions, n, result.main.num_rows,
