@@ -15,8 +15,10 @@ times: 1,300 events appended with deltalake (as a user's asset writes them), one
   each job's duration and its stages (tasks, duration, executor run time).
 
 ``--producer spark`` appends the events as the freshness benchmark's commits every 20 s
-do instead: ``assets.producer`` through the pipeline's own server. Each producer's run is
-kept in the output under its name.
+do instead: ``assets.producer`` through the pipeline's own server. ``--pause S`` waits S
+seconds with nothing to do before each batch, and each batch reports its cold tasks (what
+a batch after an idle period costs). Each producer's run (and pause) is kept in the
+output under its name.
 
 ``PYTHONPATH=. ../shared/tools/spark-lock .venv/bin/python -m benchmarks.continuous_phases``
 writes ``benchmarks/results/freshness.phases.json``.
@@ -119,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                          "benchmarks.freshness's commits every 20 s)")
     ap.add_argument("--reuse-lake", action="store_true",
                     help="the lake of the last run, caught up (not built anew)")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds with nothing to do before each batch (kept under its "
+                         "own name in the output): what a batch after an idle period costs")
     args = ap.parse_args(argv)
     reuse = args.reuse_lake and (ROOT / "lake").is_dir()
     dagster_home(ROOT, clean=not reuse)
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 version = delta_io.append_arrow(
                     template.set_column(template.schema.get_field_index("event_id"),
                                         "event_id", ids), path)
+            time.sleep(args.pause)
             t0 = time.time()
             prof = cProfile.Profile()
             prof.enable()
@@ -161,16 +167,19 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)  # the UI's listener catches up
             batches.append({"batch": i, "events_version": version,
                             "wall_s": round(t1 - t0, 3), "engine": result.state_engine,
+                            "cold_tasks": result.cold_tasks,
+                            "cold_build_s": round(result.cold_build_seconds, 3),
                             "phases_s": {k: round(v, 3) for k, v in result.phases.items()},
                             "rpc": _rpc(prof),
                             "spark_jobs": _spark_jobs(t0 * 1000, t1 * 1000)})
-            print(json.dumps({k: batches[-1][k] for k in ("batch", "wall_s", "phases_s")}),
-                  flush=True)
+            print(json.dumps({k: batches[-1][k] for k in ("batch", "wall_s", "cold_tasks",
+                                                              "phases_s")}), flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
-    runs = {k: v for k, v in old.get("producers", {}).items() if k != args.producer}
-    runs[args.producer] = {"git_commit": commit, "batches": batches}
+    name = args.producer + (f"-pause{args.pause:g}" if args.pause else "")
+    runs = {k: v for k, v in old.get("producers", {}).items() if k != name}
+    runs[name] = {"git_commit": commit, "pause_s": args.pause, "batches": batches}
     OUT.write_text(json.dumps({"probe": "benchmarks.continuous_phases",
                                "events_per_batch": EVENTS, "scale": 0.5,
                                "producers": runs}, indent=2) + "\n")

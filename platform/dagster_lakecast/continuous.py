@@ -4,7 +4,10 @@ every pipeline the factory declares (broadcast or keyed).
 For freshness, where ``<name>_microbatch`` (a run per sensor tick) is too slow: the run
 keeps one warm Spark session (its tasks' broadcast state stays warm), watches the Delta
 logs of the events and broadcast tables without Spark every ``poll_seconds`` and starts a
-batch as soon as a new version commits. Each committed batch is one materialization of
+batch as soon as a new version commits. While nothing commits, it runs a small Spark job
+every ``KEEP_WARM_SECONDS`` that finds the tasks' state warm, so that Spark does not stop
+the Python workers holding it (it stops those idle for a minute) and the next batch after a
+quiet spell runs warm. Each committed batch is one materialization of
 every output asset, with the same metadata as the micro-batch job
 (:mod:`dagster_lakecast.metadata`).
 
@@ -54,6 +57,12 @@ from lakecast.pipeline.micro_batch import BatchResult
 from lakecast.spark import is_connect
 
 __all__ = ["ContinuousConfig", "declare_continuous", "run_totals"]
+
+
+#: Spark stops a Python worker that its executor has left idle for a minute (its
+#: PythonWorkerFactory's fixed idle timeout), and the task-local state it held goes with
+#: it; an idle continuous run builds the state again (a no-op in warm workers) more often
+KEEP_WARM_SECONDS = 40.0
 
 
 class ContinuousConfig(Config):
@@ -160,6 +169,7 @@ def declare_continuous(pipe: PipelineHandle) -> JobDefinition:
         next_status_check = 0.0
         t0 = time.monotonic()
         cold = pipeline.warm_up()  # the first batch then finds its task-local state built
+        last_task = time.monotonic()
         # checkpoints run beside the next batches instead of between two of them
         deferred = pipeline.defer_checkpoints()
         context.log.info(f"task-local state warmed in {time.monotonic() - t0:.1f}s ({cold} "
@@ -178,6 +188,9 @@ def declare_continuous(pipe: PipelineHandle) -> JobDefinition:
                         next_status_check = now + 1.0
                     versions = table_versions(pipe, settings)
                     if versions == seen:
+                        if now - last_task >= KEEP_WARM_SECONDS:  # idle: keep it warm
+                            pipeline.warm_up()
+                            last_task = time.monotonic()
                         time.sleep(config.poll_seconds)
                         continue
                     done = pipeline.run(max_batches=1,
@@ -185,6 +198,7 @@ def declare_continuous(pipe: PipelineHandle) -> JobDefinition:
                     if not done:  # nothing to do at these versions (broadcast-only change)
                         seen = versions
                         continue
+                    last_task = time.monotonic()
                     record_batch(context, pipe, settings, done[0])
                     results += done
             except BaseException as e:

@@ -28,6 +28,7 @@ from lakecast.errors import LakecastError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from lakecast.pipeline.progress import BatchPlan
 
@@ -187,7 +188,8 @@ def read_small_files(spark: SparkSession, path: str, version: int, names: set[st
         rows = part.read()
     except delta_io.DeltaIOError:
         return None
-    return spark.createDataFrame(rows, schema=schema)
+    # ``to``: the same schema, now known to the client (no schema request for it)
+    return spark.createDataFrame(rows, schema=schema).to(schema)
 
 
 def read_added_files(spark: SparkSession, path: str, table: str, commits: RangeCommits,
@@ -259,6 +261,15 @@ def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan,
     ), commits.rows
 
 
+def rejected_schema() -> StructType:
+    """The rejected rows' columns (:func:`rejected_rows`)."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    return StructType([StructField("reason", StringType()),
+                       StructField("raw_record", StringType()),
+                       StructField("batch_id", IntegerType())])
+
+
 def rejected_rows(rejected: DataFrame, plan: BatchPlan, reason: str) -> DataFrame:
     """Rejected events (``reason``: the column saying why) as (reason, raw_record JSON,
     batch_id)."""
@@ -269,4 +280,4 @@ def rejected_rows(rejected: DataFrame, plan: BatchPlan, reason: str) -> DataFram
         # every column but ``reason``, in order, resolved with the plan (no schema request)
         F.to_json(F.struct("*").dropFields(reason)).alias("raw_record"),
         F.lit(plan.batch_id).alias("batch_id"),
-    )
+    ).to(rejected_schema())  # its schema, known to the client without asking the server

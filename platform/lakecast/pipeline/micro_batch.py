@@ -64,6 +64,7 @@ from lakecast.pipeline.task_errors import translated
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 REASON_COLUMN = "_reason"
 #: default :attr:`MicroBatchPipeline.collect_max_rows`
@@ -107,6 +108,8 @@ class MicroBatchPipeline:
         #: batches of at most this many events are collected to the driver and written
         #: with delta-rs (no Spark job per output); larger ones are written by Spark
         self.collect_max_rows = COLLECT_MAX_ROWS
+        #: the validated events' schema per events' schema (see :meth:`_known_schema`)
+        self._valid_schemas: dict[tuple[str, bool], StructType] = {}
         #: the cross-batch dedup of ``spec.dedup`` (``None``: off)
         #: the held events of ``spec.held_table`` (``None``: the pipeline holds nothing); a
         #: copy of a held event is a duplicate for the dedup, as one of an output's event
@@ -218,7 +221,9 @@ class MicroBatchPipeline:
         if self.validator is not None or (prior is not None and prior.marks):
             checked = keep(self._validate(events, prior))
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
-            valid = checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+            valid = self._known_schema(
+                events, checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN),
+                marked=prior is not None and prior.marks)
             if collect and n_logged is not None:  # rejected: counted from collected rows
                 counts = {"events_in": n_logged}
             else:
@@ -292,6 +297,19 @@ class MicroBatchPipeline:
         checkpoint = self.runtime.after_commit(plan)
         laps.lap("after_commit")
         return replace(batch, checkpoint=checkpoint or None, phases=laps.seconds)
+
+    def _known_schema(self, events: DataFrame, valid: DataFrame, marked: bool) -> DataFrame:
+        """``valid`` (the validated events) with its schema known to the client: the first
+        batch asks the server (over Spark Connect, a schema request in which it analyzes
+        the batch's plan), later batches whose events have the same schema reuse it
+        (``DataFrame.to``: a projection that changes nothing), so the runtime's schema
+        request is answered without a round trip."""
+        key = (events.schema.json(), marked)  # events read on the driver: known, no request
+        schema = self._valid_schemas.get(key)
+        if schema is None:
+            self._valid_schemas[key] = valid.schema
+            return valid
+        return valid.to(schema)
 
     def _prior(self, plan: BatchPlan) -> Prior | None:
         """What the dedup checks the batch against: the accepted events as of the output

@@ -75,13 +75,15 @@ def with_extra(frame: DataFrame, extra: DataFrame) -> tuple[DataFrame, pa.Schema
     struct column), so one action brings both to the driver; and ``extra``'s schema."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructField, StructType
 
     column = SIDE_PREFIX + EXTRA
+    schema = extra.schema  # the one schema request (over Spark Connect)
     # every field nullable: the main rows hold a null struct (Arrow cannot view its
     # children as non-nullable)
-    fields = [F.when(F.col(c).isNotNull(), F.col(c)).alias(c) for c in extra.columns]
+    fields = [F.when(F.col(f.name).isNotNull(), F.col(f.name)).alias(f.name) for f in schema]
     tagged = extra.select(F.lit(EXTRA).alias(OUTPUT_COLUMN), F.struct(*fields).alias(column))
-    struct_type = tagged.schema[column].dataType
+    struct_type = StructType([StructField(f.name, f.dataType, True) for f in schema])
     union = frame.withColumn(column, F.lit(None).cast(struct_type)).unionByName(
         tagged, allowMissingColumns=True)
-    return union, to_arrow_schema(extra.schema, timezone="UTC")
+    return union, to_arrow_schema(schema, timezone="UTC")
