@@ -123,3 +123,38 @@ def test_terminate_and_kill_mid_batch_keep_outputs_exactly_once(
     got = delta_io.read(spark, lake.table_path(ENRICHED_EVENTS)).toPandas()
     assert got.event_id.is_unique
     ml.assert_exact(spark, lake, frames)
+
+
+def test_an_idle_continuous_run_keeps_its_task_state_warm(
+        connect_spark, connect_lake, spark_server, tmp_path):
+    """Spark stops the Python workers an executor has left idle for a minute, and the
+    task-local state they hold goes with them. A continuous run with nothing to do for
+    longer than that still finds its tasks warm: the batch after the quiet spell reports
+    no cold task in its materialization, and the outputs equal pandas."""
+    from dagster import AssetKey
+
+    spark, lake = connect_spark, connect_lake
+    os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
+    env = {**os.environ, "LAKECAST_SPARK_REMOTE": spark_server.url}
+    ml.build(spark, lake)
+    frames = [ml.events(5000 + 1000 * i, 30, seed=60 + i) for i in range(2)]
+    first = ml.write_events(spark, lake, frames[0])
+    out = tmp_path / "idle.log"
+    with open(out, "w") as f:
+        proc = _start(env, f, tmp_path)
+        try:
+            _wait(lambda: _committed_through(lake, first), "the first batch", proc, out)
+            time.sleep(75)  # longer than Spark keeps an idle Python worker
+            second = ml.write_events(spark, lake, frames[1])
+            _wait(lambda: _committed_through(lake, second), "the batch after the idle spell",
+                  proc, out)
+            time.sleep(2)  # its materialization is recorded right after its commit
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=180)
+    records = DagsterInstance.get().fetch_materializations(AssetKey(ENRICHED_EVENTS),
+                                                            limit=10).records
+    cold = [r.asset_materialization.metadata["cold_tasks"].value for r in records]
+    assert len(cold) == 2 and cold[0] == 0, (cold, out.read_text()[-3000:])  # newest first
+    ml.assert_exact(spark, lake, frames)
+

@@ -218,6 +218,8 @@ def read_added_files(spark: SparkSession, path: str, table: str, commits: RangeC
         frames.append(frame.where(F.col("_metadata.file_name").isin(names)))
     if not frames:  # nothing added (e.g. only an OPTIMIZE): no rows, the newest columns
         return delta_io.read(spark, path, version=end).limit(0)
+    if len(frames) == 1:  # as read (a direct read's schema stays known to the client)
+        return frames[0]
     out = frames[-1]
     columns = out.columns
     for frame in reversed(frames[:-1]):
