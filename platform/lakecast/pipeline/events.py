@@ -263,6 +263,26 @@ def read_new_events(spark: SparkSession, path: str, table: str, plan: BatchPlan,
     ), commits.rows
 
 
+class ValidatedSchemas:
+    """The validated events' schema, known to the client: the first batch asks the server
+    (over Spark Connect, a schema request in which it analyzes the batch's plan), later
+    batches whose events have the same schema reuse it (``DataFrame.to``: a projection
+    that changes nothing), so the runtime's schema request needs no round trip."""
+
+    def __init__(self) -> None:
+        self._schemas: dict[tuple[str, bool], StructType] = {}
+
+    def known(self, events: DataFrame, valid: DataFrame, marked: bool) -> DataFrame:
+        """``valid`` (validated ``events``; ``marked``: with the dedup's marks) with its
+        schema known."""
+        key = (events.schema.json(), marked)  # events read on the driver: no request
+        schema = self._schemas.get(key)
+        if schema is None:
+            self._schemas[key] = valid.schema
+            return valid
+        return valid.to(schema)
+
+
 def rejected_schema() -> StructType:
     """The rejected rows' columns (:func:`rejected_rows`)."""
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
     from lakecast.pipeline.progress import BatchPlan
 
+#: a batch's held set before it ran (``None``: none), and its event columns (asked lazily)
+Held = tuple["pa.Table | None", Callable[[], list[str]]] | None
+
 #: held-table columns: plan time (epoch ms) and batch id of the event's first hold
 HELD_SINCE = "_held_since_ms"
 HELD_BATCH = "_held_batch_id"

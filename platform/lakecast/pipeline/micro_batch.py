@@ -7,8 +7,8 @@ since the last committed batch, as one or more batches:
    current versions (the state version) are logged first
    (:class:`~lakecast.pipeline.progress.ProgressLog`); a planned but uncommitted batch
    from a crashed run is redone with exactly its plan;
-2. **read** the new events (the events table is append-only: the inserts of its Change
-   Data Feed in the range; the first batch reads the table as of ``events_end``);
+2. **read** the new events (append-only: the rows of the files the range added,
+   :func:`~lakecast.pipeline.events.read_new_events`; the first batch reads the table);
 3. **validate**: rows a validator marks with a ``_reason`` go to the rejected
    side table with their reason and raw record — never dropped, never a crash; so do
    valid rows whose key an earlier batch accepted (``spec.dedup``, :mod:`.dedup`);
@@ -47,9 +47,9 @@ from lakecast.pipeline.dedup import CROSS_BATCH_DUPLICATES as CROSS_BATCH_DUPLIC
 from lakecast.pipeline.dedup import LATE_EVENTS as LATE_EVENTS
 from lakecast.pipeline.dedup import DedupLookup, Prior, rejected_counts
 from lakecast.pipeline.events import AppendOnlyError as AppendOnlyError
-from lakecast.pipeline.events import read_new_events, rejected_rows
+from lakecast.pipeline.events import ValidatedSchemas, read_new_events, rejected_rows
 from lakecast.pipeline.faults import crash_point
-from lakecast.pipeline.held import HELD_SIDE, UNMATCHED_SIDE, HeldEvents, HeldOutcome
+from lakecast.pipeline.held import HELD_SIDE, UNMATCHED_SIDE, Held, HeldEvents, HeldOutcome
 from lakecast.pipeline.progress import (
     MAIN_COUNT,
     BatchCommit,
@@ -64,7 +64,6 @@ from lakecast.pipeline.task_errors import translated
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 REASON_COLUMN = "_reason"
 #: default :attr:`MicroBatchPipeline.collect_max_rows`
@@ -72,8 +71,6 @@ COLLECT_MAX_ROWS = 200_000
 
 Validator = Callable[["DataFrame"], "DataFrame"]
 """Adds a ``_reason`` column: null for a valid row, else why it is rejected."""
-#: a batch's held set before it ran (``None``: none), and its event columns (asked lazily)
-Held = tuple["pa.Table | None", Callable[[], list[str]]] | None
 
 
 class ConcurrentRunError(LakecastError):
@@ -108,8 +105,7 @@ class MicroBatchPipeline:
         #: batches of at most this many events are collected to the driver and written
         #: with delta-rs (no Spark job per output); larger ones are written by Spark
         self.collect_max_rows = COLLECT_MAX_ROWS
-        #: the validated events' schema per events' schema (see :meth:`_known_schema`)
-        self._valid_schemas: dict[tuple[str, bool], StructType] = {}
+        self._valid_schemas = ValidatedSchemas()
         #: the cross-batch dedup of ``spec.dedup`` (``None``: off)
         #: the held events of ``spec.held_table`` (``None``: the pipeline holds nothing); a
         #: copy of a held event is a duplicate for the dedup, as one of an output's event
@@ -221,7 +217,7 @@ class MicroBatchPipeline:
         if self.validator is not None or (prior is not None and prior.marks):
             checked = keep(self._validate(events, prior))
             rejected = checked.filter(F.col(REASON_COLUMN).isNotNull())
-            valid = self._known_schema(
+            valid = self._valid_schemas.known(
                 events, checked.filter(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN),
                 marked=prior is not None and prior.marks)
             if collect and n_logged is not None:  # rejected: counted from collected rows
@@ -297,19 +293,6 @@ class MicroBatchPipeline:
         checkpoint = self.runtime.after_commit(plan)
         laps.lap("after_commit")
         return replace(batch, checkpoint=checkpoint or None, phases=laps.seconds)
-
-    def _known_schema(self, events: DataFrame, valid: DataFrame, marked: bool) -> DataFrame:
-        """``valid`` (the validated events) with its schema known to the client: the first
-        batch asks the server (over Spark Connect, a schema request in which it analyzes
-        the batch's plan), later batches whose events have the same schema reuse it
-        (``DataFrame.to``: a projection that changes nothing), so the runtime's schema
-        request is answered without a round trip."""
-        key = (events.schema.json(), marked)  # events read on the driver: known, no request
-        schema = self._valid_schemas.get(key)
-        if schema is None:
-            self._valid_schemas[key] = valid.schema
-            return valid
-        return valid.to(schema)
 
     def _prior(self, plan: BatchPlan) -> Prior | None:
         """What the dedup checks the batch against: the accepted events as of the output
@@ -416,12 +399,10 @@ class MicroBatchPipeline:
         laps.lap("write")
         return state_check
 
-    def _settle(self, rows: pa.Table | None, held: Held, plan: BatchPlan
-                ) -> HeldOutcome | None:
+    def _settle(self, rows: pa.Table | None, held: Held, plan: BatchPlan) -> HeldOutcome | None:
         """The batch's held set and expired events (``None``: the pipeline holds nothing)."""
-        if self.held is None or held is None:
-            return None
-        return self.held.settle(rows, held[0], held[1], plan)
+        return None if self.held is None or held is None else self.held.settle(
+            rows, held[0], held[1], plan)
 
     def _write_outputs(self, write: Callable[[Any, str, str, BatchPlan], None], main: Any,
                        sides: Mapping[str, Any], rejected: Any, plan: BatchPlan,
