@@ -92,13 +92,13 @@ def test_dagster_job_and_pipeline_run_over_spark_connect(connect_spark, connect_
     assert {v["user_segments"] for v in versions[versions.index < 1000]} == {0}
 
 
-def test_a_warm_batch_asks_the_server_for_one_schema_only(connect_spark, connect_lake, monkeypatch):
+def test_a_warm_batch_asks_the_server_for_no_schema(connect_spark, connect_lake, monkeypatch):
     """Over Spark Connect a schema request is a round trip in which the server analyzes the
     plan again: time on a continuous batch's path. Once a pipeline has seen its events'
-    schema, a batch of small appends asks only the one PySpark's ``toArrow`` makes for the
-    results (the events' schema is known from the read, the validated events' is reused
-    while the events' schema is the same, the rejected rows' is declared), and its outputs
-    still equal the pandas reference."""
+    schema, a batch of small appends asks for none (the events' schema is known from the
+    read, the validated events' is reused while the events' schema is the same, the
+    rejected rows' is declared, the results' is the tasks' declared one, so PySpark's
+    ``toArrow`` asks none either), and its outputs still equal the pandas reference."""
     from pyspark.sql.connect.client.core import SparkConnectClient
 
     spark, lake = connect_spark, connect_lake
@@ -121,8 +121,8 @@ def test_a_warm_batch_asks_the_server_for_one_schema_only(connect_spark, connect
         assert r.plan.batch_id == i
         schema_requests.append(asked.count("schema"))
     # the first batch reads the whole table through Delta, the second is the first of the
-    # appends read on the driver; from the third on, only the results' conversion asks
-    assert schema_requests[0] > 1 and schema_requests[2:] == [1, 1], schema_requests
+    # appends read on the driver; from the third on, nothing asks
+    assert schema_requests[0] > 1 and schema_requests[2:] == [0, 0], schema_requests
     want = [ml.expected(f, ml.segments_v1(), 10.0) for f in frames]
     _assert_exact(_outputs(spark, lake), {k: pd.concat([w[k] for w in want]) for k in want[0]})
 

@@ -329,7 +329,8 @@ class BroadcastRuntime(BaseRuntime):
         if layout.lineage:
             version = plan.chain[-1].to_key if plan.chain else version_json({})
         return BroadcastResult(frame, layout, dict(self.version), new,
-                               self.state_budget_bytes, refresh_s, version_literal=version)
+                               self.state_budget_bytes, refresh_s, version_literal=version,
+                               frame_schema=spark_schema)
 
     def _process_joins(self, events: DataFrame, until: Mapping[str, int] | None,
                        t0: float) -> BroadcastResult:

@@ -21,6 +21,7 @@ from lakecast.runtime.metrics import unpack_task_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructField, StructType
 
 #: the tag of rows collected with the outputs in the same job (e.g. rejected events)
 EXTRA = "_extra"
@@ -70,15 +71,18 @@ def split_outputs(table: pa.Table, sides: Mapping[str, pa.Schema], lineage: bool
     return CollectedOutput(main, out, task_rows, extra)
 
 
-def with_extra(frame: DataFrame, extra: DataFrame) -> tuple[DataFrame, pa.Schema]:
+def with_extra(frame: DataFrame, extra: DataFrame, known: StructType | None = None
+               ) -> tuple[DataFrame, pa.Schema]:
     """``frame`` with the rows of ``extra`` added as the side output :data:`EXTRA` (one
-    struct column), so one action brings both to the driver; and ``extra``'s schema."""
+    struct column), so one action brings both to the driver; and ``extra``'s schema.
+    ``known``: ``frame``'s Spark schema when the client knows it; the union then carries
+    its schema too (:func:`known_schema`)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructField, StructType
 
     column = SIDE_PREFIX + EXTRA
-    schema = extra.schema  # the one schema request (over Spark Connect)
+    schema = extra.schema  # known when ``extra`` came with ``DataFrame.to``
     # every field nullable: the main rows hold a null struct (Arrow cannot view its
     # children as non-nullable)
     fields = [F.when(F.col(f.name).isNotNull(), F.col(f.name)).alias(f.name) for f in schema]
@@ -86,4 +90,16 @@ def with_extra(frame: DataFrame, extra: DataFrame) -> tuple[DataFrame, pa.Schema
     struct_type = StructType([StructField(f.name, f.dataType, True) for f in schema])
     union = frame.withColumn(column, F.lit(None).cast(struct_type)).unionByName(
         tagged, allowMissingColumns=True)
+    if known is not None:
+        union = union.to(known_schema(known, StructField(column, struct_type, True)))
     return union, to_arrow_schema(schema, timezone="UTC")
+
+
+def known_schema(schema: StructType, *added: StructField) -> StructType:
+    """``schema`` with the ``added`` columns after its own, every column nullable: the
+    schema of a frame the client built (a union of the outputs and other rows, literal
+    columns), to pass to ``DataFrame.to`` so that bringing it to the driver asks the
+    server for no schema (a Spark Connect round trip that analyzes the whole plan)."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, f.dataType, True) for f in [*schema, *added]])

@@ -15,13 +15,20 @@ from lakecast.api.descriptors import HELD, UNMATCHED, OutputTag
 from lakecast.api.element import BroadcastElement
 from lakecast.errors import LakecastError
 from lakecast.pipeline.contract import TASK_SIDE
-from lakecast.runtime.collected import EXTRA, CollectedOutput, split_outputs, with_extra
+from lakecast.runtime.collected import (
+    EXTRA,
+    CollectedOutput,
+    known_schema,
+    split_outputs,
+    with_extra,
+)
 from lakecast.runtime.executor import OUTPUT_COLUMN, SIDE_PREFIX, VERSION_COLUMN, OutputLayout
 from lakecast.runtime.metrics import RunMetrics, TaskMetrics, check_budget, unpack_task_row
 from lakecast.spark import observed_metrics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 @dataclass
@@ -42,6 +49,9 @@ class BroadcastResult:
     #: the state version as lineage JSON when the frame leaves ``_state_version`` to the
     #: views (they add it as a literal last: one projection of the rows to the sink)
     version_literal: str | None = None
+    #: :attr:`frame`'s Spark schema when the client knows it (the tasks' declared output):
+    #: :meth:`collect` then asks the server for no schema
+    frame_schema: StructType | None = None
     _persisted: bool = field(default=False, repr=False)
     _task_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
     _observation: Any = field(default=None, repr=False)
@@ -134,9 +144,16 @@ class BroadcastResult:
         """Run the batch (one Spark action) and bring every output to the driver as
         Arrow, with the rows of ``extra`` (e.g. the rejected events) from the same job;
         the tasks' accounting rows are kept for :meth:`metrics`."""
+        from pyspark.sql.types import StringType, StructField
+
         frame, sides = self._versioned(self.frame), dict(self.layout.sides)
+        known = self.frame_schema
+        if known is not None and self.version_literal is not None:
+            known = known_schema(known, StructField(VERSION_COLUMN, StringType(), True))
         if extra is not None:
-            frame, sides[EXTRA] = with_extra(frame, extra)
+            frame, sides[EXTRA] = with_extra(frame, extra, known)
+        elif known is not None:
+            frame = frame.to(known_schema(known))
         out = split_outputs(frame.toArrow(), sides, self.layout.lineage)
         self._task_rows = out.task_rows
         return out
