@@ -336,8 +336,8 @@ _CONTINUOUS_FINDINGS = (
     "the test now counts none). Also shortened: the wait for the next look at the Delta "
     "logs (the continuous run's poll_seconds, 0.25 s before 57c0153, is 0.05 s). Events "
     "appended by Spark were read through the Change Data Feed, which made the server load "
-    "a snapshot of the events table; since 637d8b2 small appends are read on the driver whatever wrote "
-    "them. The poll, the delta-rs writes and the progress log are a small share.",
+    "a snapshot of the events table; since 637d8b2 small appends are read on the driver "
+    "whatever wrote them. The poll, the delta-rs writes and the progress log are a small share.",
     "What would meet the target: the query of a batch planned once per runtime and reused "
     "with the new events bound to it, so that a batch costs its tasks, its transfer and its "
     "writes (the server's planning is now the larger part of what is left); or, for "
