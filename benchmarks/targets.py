@@ -442,6 +442,8 @@ DG_DEV_FRESHNESS = Benchmark("dg_dev_freshness", "python -m benchmarks.dg_dev_fr
             replace(_DG_DEV_RULE, statistic="max"), value=key("max_s"),
             sides=sides(first_after_idle_s="first_after_idle_s")),
 ), conditions=lambda r: _every_20s(r, r.get("events_per_commit")) or (
+    f"LAKECAST_SPARK_REMOTE={r['spark_remote']} set (the project's default: none)"
+    if r.get("spark_remote") else None) or (
     None if (r.get("idle_s") or 0) >= 120 else f"{r.get('idle_s')} s idle (target: 120)"))
 
 PIPELINE = Benchmark("pipeline", "python -m benchmarks.pipeline", (
