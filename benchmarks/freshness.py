@@ -12,7 +12,10 @@ of ~``--events`` events, ``--every`` seconds apart):
    overrides the interval for experiments and is then recorded as a condition), each run a
    process attached to the server. The first commit comes after ``--idle`` s with
    nothing to do (the daemon, the code server and the Spark server idle): it is part of
-   the p50 and max and also reported on its own (``first_after_idle_s``). Per commit, the
+   the p50 and max and also reported on its own (``first_after_idle_s``). The daemon
+   looks at its sensors every 5 s: each commit is delayed by its own share of those 5 s
+   (:func:`benchmarks.common.phase_offsets`), so the commits meet every phase of the
+   daemon's loop, as a user's do, not one phase for the whole run. Per commit, the
    Dagster instance's records split the latency: commit -> the sensor's run created
    (``tick_s``), created -> started (``launch_s``), started -> output commit
    (``run_s``);
@@ -72,7 +75,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks.common import dagster_home
+from benchmarks.common import dagster_home, phase_offsets
 from benchmarks.freshness_watch import FreshnessWatch
 from benchmarks.sensor_freshness import bench_env, build_lake
 from benchmarks.targets import FRESHNESS as BENCH
@@ -237,8 +240,11 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
         time.sleep(idle)
         spark = get_spark(settings=settings)
         events_path = settings.table_path(EVENTS)
+        # the sensor's commits spread over the phases of the daemon's loop (common.phase_offsets)
+        offsets = phase_offsets(args.commits) if mode == "sensor" else [0.0] * args.commits
+        start = time.monotonic()
         for i in range(args.commits):
-            t_next = time.monotonic() + args.every
+            time.sleep(max(0.0, start + i * args.every + offsets[i] - time.monotonic()))
             res = producer.append_events(spark, settings, args.events, seed=5000 + i)
             committed = delta_io.commit_info(events_path, res.version).timestamp_ms
             done = None
@@ -253,7 +259,6 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
             if lat is not None and done is not None:
                 latencies.append(lat)
                 commits.append((committed, done))
-            time.sleep(max(0.0, t_next - time.monotonic()))
     finally:
         if mode == "sensor":  # let the last run finish (e.g. its checkpoint) before stopping
             _wait_for_runs(root, timeout=120)
@@ -261,20 +266,24 @@ def run_mode(mode: str, base: Path, args: argparse.Namespace, url: str) -> dict:
     out = _stats(latencies)
     out["first_after_idle_s"] = out["latencies_s"][0] if latencies else None
     if mode == "sensor":
+        out["phase_offsets_s"] = offsets
         out["sensor_interval_s"] = settings.sensor_interval_seconds
         out["breakdown"] = sensor_breakdown(root, commits)
     return out
 
 
-def sensor_breakdown(root: Path, commits: list[tuple[int, int]]) -> list[dict]:
+def sensor_breakdown(root: Path, commits: list[tuple[int, int]], home: Path | None = None,
+                     job: str | None = None) -> list[dict]:
     """Per commit: commit -> the first micro-batch run created after it (the sensor's
-    tick), created -> started (queue and launch), started -> the output commit."""
+    tick), created -> started (queue and launch), started -> the output commit. The runs
+    of ``job`` (default: the storefront's micro-batch job) in the Dagster instance at
+    ``home`` (default: ``root/dagster_home``)."""
     from dagster import DagsterInstance, RunsFilter
 
     from jobs.storefront.pipeline import MICROBATCH_JOB
 
-    with DagsterInstance.from_config(str(root / "dagster_home")) as instance:
-        records = sorted(instance.get_run_records(RunsFilter(job_name=MICROBATCH_JOB)),
+    with DagsterInstance.from_config(str(home or root / "dagster_home")) as instance:
+        records = sorted(instance.get_run_records(RunsFilter(job_name=job or MICROBATCH_JOB)),
                          key=lambda r: r.create_timestamp.timestamp())
     rows = []
     for committed, done in commits:

@@ -1,15 +1,19 @@
 """Freshness through the real sensor path, on the Lakecast Spark server (issue 14's targets).
 
-``python -m benchmarks.sensor_freshness [--commits 10] [--every 30] [--events 1300]``
+``python -m benchmarks.sensor_freshness [--commits 10] [--every 30] [--events 1300]
+[--idle 120]``
 
 1. builds a demo lake (scale ``--scale``) through the batch assets, over a Lakecast
    Spark server (``lakecast.server``; started if none runs);
-2. runs one catch-up micro-batch, then starts ``dagster dev`` (webserver + daemon, the
-   ``broadcast_versions_sensor`` every ``LAKECAST_SENSOR_INTERVAL_SECONDS``, 3 s by
-   default), each run a process of its own attached to the server;
+2. runs one catch-up micro-batch, then starts ``dagster dev`` as ``make ui`` does
+   (``python -m jobs.ui``: webserver + daemon, the ``broadcast_versions_sensor`` every
+   ``LAKECAST_SENSOR_INTERVAL_SECONDS``, 3 s by default), each run a process of its own
+   attached to the server, and leaves it idle ``--idle`` s once the UI serves;
 3. appends ``--commits`` events commits of ~``--events`` events, ``--every`` seconds apart,
-   then one broadcast-only change (a feature flag; the sensor starts no run for it) and
-   launches one run by hand (``dagster job execute``): a run that finds no new events;
+   each delayed by its share of the sensor daemon's 5 s loop
+   (:func:`benchmarks.common.phase_offsets`: the commits meet every phase of the loop, as
+   a user's do), then one broadcast-only change (a feature flag; the sensor starts no run
+   for it) and launches one run by hand (``dagster job execute``): a run that finds no new events;
 4. reports, from the Delta logs and the Dagster instance:
 
    - events commit -> first ``enriched_events`` commit holding those events: p50, max;
@@ -29,14 +33,13 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import dagster_home
+from benchmarks.common import dagster_home, phase_offsets
 from benchmarks.freshness_watch import FreshnessWatch
 from benchmarks.targets import SENSOR_FRESHNESS as BENCH
 from lakecast.config import get_settings
@@ -125,17 +128,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.5)
     parser.add_argument("--interval", type=int, default=None,
                         help="sensor interval (s); default: the project's")
+    parser.add_argument("--idle", type=float, default=120.0,
+                        help="idle seconds between the UI serving and the first commit")
     parser.add_argument("--port", type=int, default=3333, help="dagster webserver port")
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "freshness"))
     args = parser.parse_args(argv)
     BENCH.start()
 
-    from lakecast.server import ensure_server
+    from benchmarks.freshness import project_server
 
-    root = Path(args.root)
+    root = Path(args.root).resolve()  # DAGSTER_HOME must be absolute
     dagster_home(root)
-    server = ensure_server()
-    env = bench_env(root, server.url, args.interval)
+    with project_server() as server:  # stopped at the end if this run started it
+        return _measure(args, root, server.url)
+
+
+def _measure(args: argparse.Namespace, root: Path, url: str) -> int:
+    """The benchmark proper, on the Spark server at ``url`` (see the module doc)."""
+    env = bench_env(root, url, args.interval)
     os.environ.update(env)
     settings = get_settings()
     t0 = time.monotonic()
@@ -143,31 +153,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"lake built in {time.monotonic() - t0:.0f}s", flush=True)
     subprocess.run([sys.executable, "-m", "jobs.storefront.microbatch"], cwd=PROJECT_ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)  # catch up: outputs + checkpoint
-    print("catch-up batch done; starting dagster dev", flush=True)
+    print("catch-up batch done; starting dagster dev (make ui)", flush=True)
 
-    log = open(root / "dagster_dev.log", "w")  # noqa: SIM115 - closed below
-    dev = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1",
-         "-p", str(args.port), "-w", str(PROJECT_ROOT / "workspace.yaml")],
-        cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
     from assets import flags, producer
     from assets.tables import EVENTS
-    from benchmarks.freshness import sensor_breakdown
+    from benchmarks.freshness import consumer_ready, sensor_breakdown, start_consumer, stop_group
     from lakecast.delta import io as delta_io
     from lakecast.spark import get_spark
 
+    dev = start_consumer("sensor", root, env, args.port)
     latencies: list[float] = []
     landed: list[tuple[int, int]] = []  # (events commit ms, output commit ms)
+    offsets = phase_offsets(args.commits)
     try:
-        time.sleep(max(20.0, (args.interval or settings.sensor_interval_seconds) + 5))
+        deadline = time.monotonic() + 600
+        while not consumer_ready("sensor", root):
+            if dev.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dagster dev did not serve; see {root / 'sensor.log'}")
+            time.sleep(0.5)
+        print(f"UI ready; idle {args.idle:.0f} s before the first commit", flush=True)
+        time.sleep(args.idle)
         spark = get_spark(settings=settings)
         from jobs.storefront.microbatch import ENRICHED_EVENTS
 
         watch = FreshnessWatch(settings.table_path(EVENTS),
                                settings.table_path(ENRICHED_EVENTS))
+        start = time.monotonic()
         for i in range(args.commits):
-            t_next = time.monotonic() + args.every
+            time.sleep(max(0.0, start + i * args.every + offsets[i] - time.monotonic()))
             res = producer.append_events(spark, settings, args.events, seed=5000 + i)
             lat = _wait_for_output(watch, res.version, timeout=max(args.every, 120))
             print(f"commit {i + 1}/{args.commits}: events v{res.version} ({res.rows} events) "
@@ -178,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
                 if done is not None:
                     landed.append((delta_io.commit_info(settings.table_path(EVENTS),
                                                         res.version).timestamp_ms, done))
-            time.sleep(max(0.0, t_next - time.monotonic()))
         # a broadcast-only change: the sensor starts no run for it (no new events, no
         # work); a run launched anyway finds nothing new, which is the no-op run measured
         flags.set_flag(spark, settings.table_path("feature_flags"), "vip_discount", "12")
@@ -188,12 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                        cwd=PROJECT_ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
-        os.killpg(dev.pid, signal.SIGTERM)
-        try:
-            dev.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-        log.close()
+        stop_group(dev, timeout=60)
     runs = run_records(str(root / "dagster_home"))
     noop = [r for r in runs if r["first_batch_cold_tasks"] is None and r["seconds"]]
     gaps = [None] + [round(b["start"] - a["end"], 1) if a["end"] and b["start"] else None
@@ -201,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     for r, g in zip(runs, gaps, strict=True):
         r["gap_since_previous_s"] = g
     result = {
-        "commits": args.commits, "every_s": args.every,
+        "commits": args.commits, "every_s": args.every, "events_per_commit": args.events,
+        "idle_s": args.idle,
+        "phase_offsets_s": offsets, "sensor_interval_override_s": args.interval,
         "sensor_interval_s": settings.sensor_interval_seconds,
         "latencies_s": [round(x, 2) for x in latencies],
         "p50_s": round(statistics.median(latencies), 2) if latencies else None,

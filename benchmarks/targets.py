@@ -249,7 +249,8 @@ SNAPSHOTS = Benchmark("snapshots", "python -m benchmarks.snapshots", (
     f"entries, p=4)")
 
 _SENSOR_RULE = Rule(repeats=10, statistic="p50", order="fixed", first_run_counts=True,
-                    note="1,300-event commits every 20 s; the first commit after two idle "
+                    note="1,300-event commits every 20 s, each delayed by its own tenth "
+                         "of the sensor daemon's 5 s loop; the first commit after two idle "
                          "minutes included")
 _STREAMING = sides(streaming_p50_s="streaming.p50_s", streaming_max_s="streaming.max_s")
 
@@ -285,18 +286,31 @@ _SENSOR_FINDINGS = (
 )
 
 
+#: the method's change after the official sensor_freshness FAIL at ff51723, with its figures
+_PHASES = ("2026-12-07: the target is unchanged; the method changed after a failing official "
+           "run. Dagster's sensor daemon looks every 5 s, and commits every 20 s all met "
+           "one phase of that loop, the same for a whole run: in the runs at ff51723 each "
+           "commit landed about 1 s after a look, so each waited about 4 s for the next "
+           "(tick_s 3.7 to 4.6 s) where a user's commits, coming at any time, wait 2.5 s on "
+           "average. Each commit is now delayed by its own tenth of the loop "
+           "(benchmarks.common.phase_offsets), and sensor_freshness starts dagster dev as "
+           "make ui does and idles 120 s before the first commit, as the rule's note says "
+           "(it waited 20 s). Last figures with the fixed phase: p50 8.37 s (FAIL), max "
+           "9.02 s (official, ff51723).")
+
+
 def _sensor(prefix: str) -> tuple[Measure, Measure]:
     return (
         Measure("sensor_p50_s", 8.0, "<=", "s",
                 "the always-on stream-static Structured Streaming query, same run",
                 _SENSOR_RULE, value=key(f"{prefix}p50_s"), sides=_STREAMING,
-                history=(_TIGHTENED.format(old="15 s", new="8 s", last="6.23 s"),),
+                history=(_TIGHTENED.format(old="15 s", new="8 s", last="6.23 s"), _PHASES),
                 findings=_SENSOR_FINDINGS),
         Measure("sensor_max_s", 20.0, "<=", "s",
                 "the always-on stream-static Structured Streaming query, same run",
                 replace(_SENSOR_RULE, statistic="max"),
                 value=key(f"{prefix}max_s"), sides=_STREAMING,
-                history=(_TIGHTENED.format(old="30 s", new="20 s", last="13.5 s"),)),
+                history=(_TIGHTENED.format(old="30 s", new="20 s", last="13.5 s"), _PHASES)),
     )
 
 
@@ -309,9 +323,13 @@ def _every_20s(result: Result, events: object) -> str | None:
 
 def _make_ui(result: Result) -> str | None:
     """Why a freshness run's sensor mode is not what a ``make ui`` user gets (``None``:
-    it is: the project's sensor interval, two idle minutes before the first commit)."""
-    if "sensor" not in result:
-        return None
+    it is, or the run had no sensor mode: see :func:`_sensor_defaults`)."""
+    return _sensor_defaults(result) if "sensor" in result else None
+
+
+def _sensor_defaults(result: Result) -> str | None:
+    """Why a sensor run is not what a ``make ui`` user gets (``None``: it is: the
+    project's sensor interval, two idle minutes before the first commit)."""
     if result.get("sensor_interval_override_s") is not None:
         return f"sensor interval overridden ({result['sensor_interval_override_s']} s)"
     if (result.get("idle_s") or 0) < 120:
@@ -404,7 +422,29 @@ FRESHNESS = Benchmark("freshness", "python -m benchmarks.freshness", (
              "load and the streaming side are unchanged.",))
 
 SENSOR_FRESHNESS = Benchmark("sensor_freshness", "python -m benchmarks.sensor_freshness",
-                             _sensor(""), conditions=lambda r: _every_20s(r, 1300))
+                             _sensor(""), conditions=lambda r: (
+                                 _every_20s(r, r.get("events_per_commit"))
+                                 or _sensor_defaults(r)))
+
+#: issue 55 item 3's second default: the sensor of a new user's project under ``dg dev``
+_DG_DEV_RULE = Rule(repeats=10, statistic="p50", order="fixed", first_run_counts=True,
+                    note="the new-user test's create-dagster project as the README and the "
+                         "tutorial set it up, nothing tuned (dg dev's own instance, the "
+                         "project's Spark mode); 1,300-payment commits every 20 s written "
+                         "with deltalake, each delayed by its own tenth of the sensor "
+                         "daemon's 5 s loop; the first commit after two idle minutes "
+                         "included; declared 2026-12-07 before its first run")
+DG_DEV_FRESHNESS = Benchmark("dg_dev_freshness", "python -m benchmarks.dg_dev_freshness", (
+    Measure("sensor_p50_s", 8.0, "<=", "s", "issue 55's target for the sensor path",
+            _DG_DEV_RULE, value=key("p50_s"),
+            sides=sides(first_after_idle_s="first_after_idle_s")),
+    Measure("sensor_max_s", 20.0, "<=", "s", "issue 55's target for the sensor path",
+            replace(_DG_DEV_RULE, statistic="max"), value=key("max_s"),
+            sides=sides(first_after_idle_s="first_after_idle_s")),
+), conditions=lambda r: _every_20s(r, r.get("events_per_commit")) or (
+    f"LAKECAST_SPARK_REMOTE={r['spark_remote']} set (the project's default: none)"
+    if r.get("spark_remote") else None) or (
+    None if (r.get("idle_s") or 0) >= 120 else f"{r.get('idle_s')} s idle (target: 120)"))
 
 PIPELINE = Benchmark("pipeline", "python -m benchmarks.pipeline", (
     Measure("lakecast_median_2k_s", 2.0, "<=", "s", "2,000-event micro-batch (warm)",
@@ -473,4 +513,4 @@ DELTA_LOG_POLL = Benchmark("delta_log_poll", "python -m benchmarks.delta_log_pol
     f"{r.get('commits')} commits (the target is set on >= 20,000)")
 
 ALL = (DELTA_LOG_POLL, BROADCAST_ENRICHMENT, KEYED_STATE, SNAPSHOTS, FRESHNESS,
-       SENSOR_FRESHNESS, PIPELINE, CLUSTER, SOAK)
+       SENSOR_FRESHNESS, DG_DEV_FRESHNESS, PIPELINE, CLUSTER, SOAK)

@@ -409,12 +409,14 @@ def official_lines(bench: Any, name: str, data: dict[str, Any]) -> list[str]:
     measure's findings say (:attr:`benchmarks.registry.Measure.findings`)."""
     lines = [f"**Official figures** (`benchmarks/results/{name}.official.json`: the median of "
              f"{data.get('runs_needed')} counted runs at "
-             f"{commit_text(data.get('git_commit'))}):", "",
+             f"{commit_text(data.get('git_commit'))}, or at the commit a row names):", "",
              "| Measure | Official value | Runs | Spread | Target | Verdict |",
              "|---|---|---|---|---|---|"]
     for r in data.get("measures", []):
         unit = str(r.get("unit", ""))
         runs = ", ".join(number(v) for v in r.get("runs", [])) or DASH
+        if r.get("git_commit") not in (None, data.get("git_commit")):
+            runs += f" (at {commit_text(r['git_commit'], short=True)})"
         spread = r.get("spread")
         lines.append(
             f"| `{r.get('measure')}` | {with_unit(r.get('value'), unit)} | {runs} | "

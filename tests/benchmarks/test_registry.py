@@ -95,8 +95,8 @@ def test_an_unknown_comparison_is_refused():
 def test_every_benchmark_declares_the_issue_targets():
     declared = {b.name: {m.name: (m.op, m.target) for m in b.measures} for b in targets.ALL}
     assert set(declared) == {"delta_log_poll", "broadcast_enrichment", "keyed_state",
-                             "snapshots", "freshness", "sensor_freshness", "pipeline",
-                             "cluster", "soak"}
+                             "snapshots", "freshness", "sensor_freshness",
+                             "dg_dev_freshness", "pipeline", "cluster", "soak"}
     assert declared["broadcast_enrichment"] == {
         "a_tasks_over_f_broadcast": ("<=", 1.2), "a_transform_over_f_broadcast_sql": ("<=", 1.2),
         "b_cold_rebuild_1m_s": ("<=", 2.0), "b_delta_append_over_batch_join": ("<=", 0.33),
@@ -106,8 +106,8 @@ def test_every_benchmark_declares_the_issue_targets():
                                        "lakecast_over_jvm_aggregation_total": ("<=", 0.5)}
     assert declared["snapshots"] == {"first_checkpoint_over_plain_write": ("<=", 2.0),
                                      "restore_over_cold_read": ("<=", 2.0)}
-    assert declared["sensor_freshness"] == {"sensor_p50_s": ("<=", 8.0),
-                                            "sensor_max_s": ("<=", 20.0)}
+    for name in ("sensor_freshness", "dg_dev_freshness"):
+        assert declared[name] == {"sensor_p50_s": ("<=", 8.0), "sensor_max_s": ("<=", 20.0)}
     assert {k: v for k, v in declared["freshness"].items() if k.startswith("continuous")} == {
         "continuous_p50_s": ("<=", 0.5), "continuous_p99_s": ("<=", 1.5),
         "continuous_sustained_p99_s": ("<=", 2.0),
@@ -151,6 +151,17 @@ def test_declarations_read_the_benchmarks_result_shapes():
     assert "overridden" in bench.conditions(tuned)
     assert "idle" in bench.conditions({**tuned, "sensor_interval_override_s": None, "idle_s": 5})
     assert bench.conditions({**tuned, "sensor_interval_override_s": None}) is None
+    # the sensor benchmarks of their own: the same defaults, two idle minutes
+    untuned = {**tuned, "sensor_interval_override_s": None}
+    for bench in (targets.SENSOR_FRESHNESS, targets.DG_DEV_FRESHNESS):
+        assert bench.conditions(untuned) is None, bench.name
+        assert "idle" in bench.conditions({**untuned, "idle_s": 20}), bench.name
+        assert "1,300" in bench.conditions({**untuned, "events_per_commit": 500}), bench.name
+    assert "overridden" in targets.SENSOR_FRESHNESS.conditions(tuned)
+    assert "LAKECAST_SPARK_REMOTE" in targets.DG_DEV_FRESHNESS.conditions(
+        {**untuned, "spark_remote": "server"})
+    dg_dev = values(targets.DG_DEV_FRESHNESS, {"p50_s": 9.5, "max_s": 21.0})
+    assert dg_dev == {"sensor_p50_s": 9.5, "sensor_max_s": 21.0}
     soak = values(targets.SOAK, {"targets": {"runs": True, "kills": False}})
     assert soak["runs"] == 1.0 and soak["kills"] == 0.0 and soak["restore"] is None
 
@@ -205,3 +216,12 @@ def test_every_run_is_appended_to_the_history_and_the_official_figure_is_a_media
     last = json.loads((tmp_path / "demo.history.jsonl").read_text().splitlines()[-1])
     assert last["counts"] is False and "not a clean commit" in last["why_not"][0]
     assert official(BENCH, results_dir=tmp_path)["git_commit"] == "a" * 40
+
+
+def test_sensor_commits_meet_every_phase_of_the_daemons_loop():
+    from benchmarks.common import SENSOR_LOOP_S, phase_offsets
+
+    offsets = phase_offsets(10)
+    assert sorted(offsets) == [SENSOR_LOOP_S * k / 10 for k in range(10)]
+    assert offsets != sorted(offsets)  # no phase tied to a place in the run (e.g. the first)
+    assert phase_offsets(10) == offsets  # the same in every run

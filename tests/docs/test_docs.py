@@ -251,6 +251,17 @@ def test_the_benchmarks_page_shows_the_official_figures_beside_the_latest_run(
     assert "never shown" not in text
     # the latest run is shown too, failing or not
     assert "**Latest results**" in text
+    # a later series that measured one measure only: that one moves to its commit, the
+    # other keeps its figure and names its own commit
+    monkeypatch.setattr(registry, "git_commit", lambda root=None: "cd" * 20)
+    for m in (1.1, 1.3, 1.2):
+        bench.report({"m": m}, quiet, results_dir=tmp_path)
+    (tmp_path / "cluster.official.json").write_text(
+        json.dumps(official(bench, results_dir=tmp_path)))
+    text = section(hooks.benchmarks_markdown(tmp_path), "cluster")
+    assert f"counted runs at `{'cd' * 20}`, or at the commit a row names" in text
+    assert f"| 1.62, 1.55, 1.44 (at `{'ab' * 6}`) | 1.44-1.62 |" in text
+    assert "| `cluster_over_local_max` | 1.2\u00d7 | 1.1, 1.3, 1.2 | 1.1-1.3 |" in text
     # each ratio's history as a chart drawn from the history at build (inline SVG: no
     # network when the page is built or viewed)
     chart = text[text.index('<figure class="lakecast-chart"'):text.index("</figure>")]
