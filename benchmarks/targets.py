@@ -434,16 +434,35 @@ _DG_DEV_RULE = Rule(repeats=10, statistic="p50", order="fixed", first_run_counts
                          "with deltalake, each delayed by its own tenth of the sensor "
                          "daemon's 5 s loop; the first commit after two idle minutes "
                          "included; declared 2026-12-07 before its first run")
+#: what the official dg_dev_freshness runs at 4b21733 showed (their breakdowns, from dg dev's
+#: instance)
+_DG_DEV_FINDINGS = (
+    "A commit's latency splits as on the make ui path (the sensor's tick, the run's launch, "
+    "the run), and the run is most of it: in a project's default Spark mode each run starts "
+    "Spark in its own process (a JVM, Delta, the task-local state built cold from the "
+    "newest snapshot), where make ui's runs attach to the Lakecast Spark server, already up, "
+    "whose Python workers hold the state warm between runs. The launch is longer than make "
+    "ui's too: dg dev's instance has Dagster's default run queue, looked at every 5 s (the "
+    "repository's dagster.yaml: every second). The tick is as on the make ui path.",
+    "What would meet the target: the project's runs attached to the Lakecast Spark server "
+    "(LAKECAST_SPARK_REMOTE=server in the project's .env, which dg dev reads) and its run "
+    "queue looked at every second (a dagster.yaml in the project folder), as the how-to on "
+    "modes says; the tuned runs (--spark-remote server --dequeue-seconds 1, which do not "
+    "count) measure it. Out of the box, a new project would need the server started on "
+    "demand by the sensor's runs, which the default (Spark in each process) does not do.",
+)
 DG_DEV_FRESHNESS = Benchmark("dg_dev_freshness", "python -m benchmarks.dg_dev_freshness", (
     Measure("sensor_p50_s", 8.0, "<=", "s", "issue 55's target for the sensor path",
             _DG_DEV_RULE, value=key("p50_s"),
-            sides=sides(first_after_idle_s="first_after_idle_s")),
+            sides=sides(first_after_idle_s="first_after_idle_s"), findings=_DG_DEV_FINDINGS),
     Measure("sensor_max_s", 20.0, "<=", "s", "issue 55's target for the sensor path",
             replace(_DG_DEV_RULE, statistic="max"), value=key("max_s"),
             sides=sides(first_after_idle_s="first_after_idle_s")),
 ), conditions=lambda r: _every_20s(r, r.get("events_per_commit")) or (
     f"LAKECAST_SPARK_REMOTE={r['spark_remote']} set (the project's default: none)"
     if r.get("spark_remote") else None) or (
+    f"the run queue looked at every {r['dequeue_seconds']} s (Dagster's default: 5)"
+    if r.get("dequeue_seconds") else None) or (
     None if (r.get("idle_s") or 0) >= 120 else f"{r.get('idle_s')} s idle (target: 120)"))
 
 PIPELINE = Benchmark("pipeline", "python -m benchmarks.pipeline", (

@@ -160,6 +160,7 @@ def test_declarations_read_the_benchmarks_result_shapes():
     assert "overridden" in targets.SENSOR_FRESHNESS.conditions(tuned)
     assert "LAKECAST_SPARK_REMOTE" in targets.DG_DEV_FRESHNESS.conditions(
         {**untuned, "spark_remote": "server"})
+    assert "queue" in targets.DG_DEV_FRESHNESS.conditions({**untuned, "dequeue_seconds": 1})
     dg_dev = values(targets.DG_DEV_FRESHNESS, {"p50_s": 9.5, "max_s": 21.0})
     assert dg_dev == {"sensor_p50_s": 9.5, "sensor_max_s": 21.0}
     soak = values(targets.SOAK, {"targets": {"runs": True, "kills": False}})
