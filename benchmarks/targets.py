@@ -453,10 +453,10 @@ _DG_DEV_FINDINGS = (
     "demand by the sensor's runs, which the default (Spark in each process) does not do.",
 )
 DG_DEV_FRESHNESS = Benchmark("dg_dev_freshness", "python -m benchmarks.dg_dev_freshness", (
-    Measure("sensor_p50_s", 8.0, "<=", "s", "issue 55's target for the sensor path",
+    Measure("sensor_p50_s", 8.0, "<=", "s", "the make ui path's sensor targets",
             _DG_DEV_RULE, value=key("p50_s"),
             sides=sides(first_after_idle_s="first_after_idle_s"), findings=_DG_DEV_FINDINGS),
-    Measure("sensor_max_s", 20.0, "<=", "s", "issue 55's target for the sensor path",
+    Measure("sensor_max_s", 20.0, "<=", "s", "the make ui path's sensor targets",
             replace(_DG_DEV_RULE, statistic="max"), value=key("max_s"),
             sides=sides(first_after_idle_s="first_after_idle_s")),
 ), conditions=lambda r: _every_20s(r, r.get("events_per_commit")) or (
