@@ -38,8 +38,10 @@ delta-rs, event ids renewed, so the producer does not compete for the Spark serv
 latency of every commit, p50/p99/max, and **lag growth**: the median latency of the last
 third of the commits over that of the first third (growing: > 1.5 and more than 1 s
 apart), plus commits not yet covered when production stops. Then each rate of
-``--rates`` for ``--rate-minutes`` (continuous only): the highest rate whose p99 stays
-<= 5 s without growing lag is reported as ``highest_sustained_events_per_s``.
+``--rates`` for ``--rate-minutes`` (continuous only), then twice the last one, until a rate
+fails or ``--max-rate`` is passed: the highest rate whose p99 stays <= 5 s without growing
+lag is reported as ``highest_sustained_events_per_s``, a ceiling when a rate failed
+(``ceiling_found``), else only a floor of it.
 
 Everything listens on 127.0.0.1. Run it alone on the machine (through spark-lock).
 JSON goes to ``benchmarks/results/freshness.json``.
@@ -426,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="higher rates (events/s) tried after the sustained phase "
                              "(continuous; empty: none)")
     parser.add_argument("--rate-minutes", type=float, default=2.0)
+    parser.add_argument("--max-rate", type=int, default=256000,
+                        help="doubling past --rates stops above this rate (events/s)")
     parser.add_argument("--port", type=int, default=3334, help="dagster webserver port")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--root", default=str(PROJECT_ROOT / "var" / "bench" / "freshness3"))
@@ -470,19 +474,29 @@ def _run(args: argparse.Namespace, base: Path, server: Server) -> int:
             result[key] = sustained(mode, base, args, server.url, args.sustained_rate,
                                     args.sustained_minutes, key)
         if "sustained" in result:
-            best = args.sustained_rate if _holds(result["sustained"]) else None
-            result["rates"] = {}
-            for rate in [int(r) for r in args.rates.split(",") if r]:
-                r = sustained("continuous", base, args, server.url, rate, args.rate_minutes,
-                              f"rate_{rate}")
-                result["rates"][str(rate)] = {k: v for k, v in r.items() if k != "latencies_s"}
-                if not _holds(r):
-                    break
-                best = rate
-            result["highest_sustained_events_per_s"] = best
+            result.update(_ceiling(args, base, server.url, result["sustained"]))
     BENCH.report(result)
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _ceiling(args: argparse.Namespace, base: Path, url: str, first: dict) -> dict:
+    """The highest rate that holds: the rates of ``--rates``, then doubling the last one,
+    until a rate fails or ``--max-rate`` is passed; ``ceiling_found`` says whether a rate
+    failed (else the figure is a floor of the ceiling, not the ceiling)."""
+    best = args.sustained_rate if _holds(first) else None
+    rates = [int(r) for r in args.rates.split(",") if r]
+    tried: dict[str, dict] = {}
+    failed = False
+    while rates and not failed:
+        rate = rates.pop(0)
+        r = sustained("continuous", base, args, url, rate, args.rate_minutes, f"rate_{rate}")
+        tried[str(rate)] = {k: v for k, v in r.items() if k != "latencies_s"}
+        failed = not _holds(r)
+        best = best if failed else rate
+        if not rates and not failed and rate * 2 <= args.max_rate:
+            rates.append(rate * 2)
+    return {"rates": tried, "highest_sustained_events_per_s": best, "ceiling_found": failed}
 
 
 def _holds(r: dict) -> bool:

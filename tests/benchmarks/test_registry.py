@@ -151,6 +151,12 @@ def test_declarations_read_the_benchmarks_result_shapes():
     assert "overridden" in bench.conditions(tuned)
     assert "idle" in bench.conditions({**tuned, "sensor_interval_override_s": None, "idle_s": 5})
     assert bench.conditions({**tuned, "sensor_interval_override_s": None}) is None
+    # a sustained phase counts at the declared load only (2,000 events/s, every 2 s, 10 min)
+    load = {"every_s": 20, "events_per_commit": 1300,
+            "sustained": {"events_per_s": 2000, "commit_every_s": 2.0, "minutes": 10.0}}
+    assert bench.conditions(load) is None
+    short = {**load, "sustained": {**load["sustained"], "minutes": 0.5}}
+    assert "10 min" in bench.conditions(short)
     # the sensor benchmarks of their own: the same defaults, two idle minutes
     untuned = {**tuned, "sensor_interval_override_s": None}
     for bench in (targets.SENSOR_FRESHNESS, targets.DG_DEV_FRESHNESS):
