@@ -50,6 +50,9 @@ class Lookup:
     the enrichment's policy). ``on_invalid``: what happens to a version of the table with
     duplicate or null keys, a missing used column, or rows failing ``checks``
     (``"refuse_and_continue"`` | ``"fail"``, see :mod:`lakecast.api.contracts`).
+    ``shards``: split the table into this many shards by its key, each task keeping only
+    its shard, and route each batch's events to the tasks of their keys' shards (for a
+    table larger than one task's memory: :mod:`lakecast.runtime.sharded_state`).
     """
 
     table: str
@@ -59,10 +62,15 @@ class Lookup:
     on_missing: MissingPolicy | None = None
     on_invalid: InvalidVersionPolicy = "refuse_and_continue"
     checks: Sequence[RowCheck] = ()
+    shards: int | None = None
 
     def __post_init__(self) -> None:
         if self.on_missing is not None and self.on_missing not in MISSING_POLICIES:
             raise ValueError(f"on_missing must be one of {MISSING_POLICIES}")
+        if self.shards is not None and (isinstance(self.shards, bool)
+                                        or not isinstance(self.shards, int) or self.shards < 1):
+            raise ValueError(f"Lookup({self.table!r}): shards must be a whole number >= 1, "
+                             f"got {self.shards!r}")
 
     @property
     def key_pairs(self) -> list[tuple[str, str]]:
@@ -79,7 +87,8 @@ class Lookup:
 
     @property
     def descriptor(self) -> MapStateDescriptor:
-        return MapStateDescriptor(self.table, tuple, dict, key_columns=tuple(self.state_keys))
+        return MapStateDescriptor(self.table, tuple, dict, key_columns=tuple(self.state_keys),
+                                  shards=self.shards)
 
     @property
     def contract(self) -> TableContract:
@@ -126,11 +135,26 @@ class Enrichment(BroadcastProcessFunction):
             raise ValueError(f"one Lookup per broadcast table, got {tables}")
         if not lookups:
             raise ValueError("an Enrichment needs at least one Lookup")
+        sharded = [lk for lk in lookups if lk.shards]
+        if len({(tuple(e for e, _ in lk.key_pairs), lk.shards) for lk in sharded}) > 1:
+            raise ValueError(
+                "sharded lookups of one Enrichment must share their event key columns and "
+                "shard count (the events are routed by one key): got "
+                + ", ".join(f"Lookup({lk.table!r}, key={[e for e, _ in lk.key_pairs]}, "
+                            f"shards={lk.shards})" for lk in sharded))
         self.lookups = list(lookups)
         self.on_missing = on_missing
         self._schemas: dict[str, pa.Schema] = {}
 
     # -- declarations ----------------------------------------------------------------
+    def routing(self) -> tuple[list[str], int] | None:
+        """The event columns and shard count the events are routed by (its sharded
+        lookups' keys), or ``None`` (no sharded lookup)."""
+        for lk in self.lookups:
+            if lk.shards:
+                return [e for e, _ in lk.key_pairs], lk.shards
+        return None
+
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         return [lk.descriptor for lk in self.lookups]
 

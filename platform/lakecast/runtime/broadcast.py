@@ -54,6 +54,7 @@ from lakecast.runtime.metrics import (
     warn_over_budget,
 )
 from lakecast.runtime.result import BroadcastResult
+from lakecast.runtime.shards import routing_columns
 from lakecast.runtime.tasks import WARM_SCHEMA, ChainLink, TaskPlan, run_task, warm_task
 from lakecast.spark import default_parallelism, is_connect
 
@@ -103,6 +104,13 @@ class BroadcastRuntime(BaseRuntime):
             raise ValueError(f"BroadcastRuntime cannot run the {engine.engine!r} engine")
         #: the state engine and why (:mod:`lakecast.runtime.engine`)
         self.engine = engine
+        #: the events' routing to the tasks of sharded states (event columns, shards)
+        self.routing = function.routing()
+        sharded = [d.name for d in function.state_descriptors() if d.shards]
+        if sharded and self.routing is None:
+            raise ValueError(f"{type(function).__name__} declares sharded states {sharded} "
+                             "but no routing(): return the event columns equal to their key "
+                             "and the shard count")
         #: ``"tasks"``: task-local state (Python workers or executor JVM); ``"joins"``: a
         #: pure ``enrich(Lookup...)`` as Spark broadcast joins (:mod:`lakecast.runtime.joins`)
         self.execution: Execution = "joins" if engine.engine == "joins" else "tasks"
@@ -166,6 +174,19 @@ class BroadcastRuntime(BaseRuntime):
     def estimated_state_bytes(self) -> int:
         """Driver-side estimate of one state copy (Arrow size of base + increments)."""
         return self._base_bytes + sum(link.nbytes for link in self._chain[1:])
+
+    @property
+    def per_task_state_bytes(self) -> int:
+        """:attr:`estimated_state_bytes` of what one task holds: a sharded table's share
+        is its size over its shards."""
+        shards = {d.name: d.shards for d in self.function.state_descriptors() if d.shards}
+        if not shards or not self._chain:
+            return self.estimated_state_bytes
+        total = 0
+        for link in self._chain:
+            for e in link.elements():
+                total += e.nbytes // shards.get(e.table, 1)
+        return total
 
     def _base_elements(self, until: Mapping[str, int] | None) -> list[BroadcastElement]:
         """Elements a cold task builds its state from: the full tables.
@@ -303,6 +324,9 @@ class BroadcastRuntime(BaseRuntime):
         if self._tz is None:
             self._tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
         tz = self._tz
+        if self.routing is not None:  # each task gets the events of its keys' shards
+            cols, shards = self.routing
+            events = events.repartition(shards, *routing_columns(cols, events.schema))
         input_schema = to_arrow_schema(events.schema, timezone=tz)
         plan = self.plan(input_schema, watermark)
         layout = plan.layout
@@ -313,10 +337,11 @@ class BroadcastRuntime(BaseRuntime):
         if self._parallelism is None:  # estimate; tasks report the real one
             self._parallelism = default_parallelism(self.spark)
         parallelism = self._parallelism
-        if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
+        per_task = self.per_task_state_bytes
+        if per_task * parallelism > self.state_budget_bytes:
             warn_over_budget(
                 "estimated broadcast state",
-                f"estimated broadcast state {self.estimated_state_bytes / 1e6:.1f} MB x "
+                f"estimated broadcast state {per_task / 1e6:.1f} MB per task x "
                 f"{parallelism} (default parallelism) exceeds the budget of "
                 f"{self.state_budget_bytes / 1e6:.1f} MB; {BUDGET_FIX}",
                 stacklevel=2,
@@ -387,7 +412,7 @@ class BroadcastRuntime(BaseRuntime):
     def process_batch(self, events: DataFrame, plan: BatchPlan) -> BroadcastResult:
         """The batch at the plan's state version (events repartitioned to
         :attr:`parallelism` when set)."""
-        if self.parallelism:
+        if self.parallelism and self.routing is None:  # (routed: one task per shard)
             events = events.repartition(self.parallelism)
         return self.process(events, until=plan.broadcast_versions)
 

@@ -45,6 +45,8 @@ class TaskMetrics:
     executor: str = "driver"
     #: states the holder's cache evicted since its last run (the JVM lookups' LRU)
     evictions: int = 0
+    #: the shards of sharded states the task read (:mod:`lakecast.runtime.sharded_state`)
+    shards: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
