@@ -115,3 +115,126 @@ def test_shards_are_declared_on_a_key():
         Lookup("dim", key="k", shards=0)
     with pytest.raises(ValueError, match="share their event key columns"):
         enrich(Lookup("a", key="k", shards=2), Lookup("b", key="j", shards=2))
+
+
+# ------------------------------------------------------------------------ on real Spark
+def test_the_hash_and_the_routing_are_sparks_own(spark):
+    from pyspark.sql import functions as F
+
+    from lakecast.runtime.shards import routing_columns
+
+    strings = ["", "a", "ab", "abc", "abcd", "abcde", "é", "ÿþ", "日本語のテキスト", "\x00x",
+               None, "a" * 33, "Zürich-123", "VIP"]
+    longs = [0, 1, -1, 42, 2**31, -(2**63), 2**63 - 1, None, 7, -42, 123456789012, 5, 6, 8]
+    ints = [0, 1, -1, 42, 2**31 - 1, -(2**31), None, 3, 4, 5, 6, 7, 8, 9]
+    rows = list(zip(ints, longs, strings, strict=True))
+    df = spark.createDataFrame(rows, "i int, l bigint, s string")
+    got = df.select(F.hash(F.col("i").cast("bigint")).alias("hi"), F.hash("l").alias("hl"),
+                    F.hash("s").alias("hs"), F.hash(F.col("l"), F.col("s")).alias("hls")
+                    ).toPandas()
+    i = pa.array(ints, pa.int32())
+    s = pa.array(strings, pa.string())
+    lng = pa.array(longs, pa.int64())
+    assert spark_hash([i]).tolist() == got.hi.tolist()
+    assert spark_hash([lng]).tolist() == got.hl.tolist()
+    assert spark_hash([s]).tolist() == got.hs.tolist()
+    assert spark_hash([lng, s]).tolist() == got.hls.tolist()
+    # repartition(N, keys) puts each row in partition shard_of(keys, N)
+    for n in (3, 8):
+        routed = (df.repartition(n, *routing_columns(["i", "s"], df.schema))
+                  .select("i", "s", F.spark_partition_id().alias("p")).toPandas())
+        want = shard_of([pa.array(routed.i.astype("Int64"), pa.int64()),
+                         pa.array(routed.s.tolist(), pa.string())], n)
+        assert routed.p.tolist() == want.tolist()
+
+
+def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
+    """A dimension written by deltalake (as a user's asset writes it), its Change Data Feed
+    turned on, then a Spark MERGE, a deltalake delete and a deltalake merge: every batch
+    equals a pandas model, each task reads the one shard of its partition and holds about
+    a quarter of the table; versions came both as changes (the overlay over the shards)
+    and as whole tables (new shard files)."""
+    from deltalake import DeltaTable, write_deltalake
+    from pyspark.sql import functions as F
+
+    from lakecast import BroadcastRuntime
+    from lakecast.delta import io as delta_io
+
+    path = lake.table_path("dim")
+    dim = _dimension(20_000)
+    write_deltalake(path, dim)
+    fn = enrich(Lookup("dim", key="k", shards=4, defaults={"score": -1}))
+    runtime = BroadcastRuntime(spark, fn, {"dim": path})
+    assert runtime.state_engine == "python" and "sharded" in runtime.state_engine_reason
+    probe = np.concatenate([dim.k.to_numpy()[::3], [100_000, 650, 3, 999_999]])
+    events = spark.createDataFrame(pd.DataFrame({"k": probe, "eid": np.arange(len(probe))}))
+    model = {int(r.k): (r.name, int(r.score)) for r in dim.itertuples()}
+    whole = pa.Table.from_pandas(dim, preserve_index=False).nbytes
+
+    kinds: set[str] = set()
+
+    def check(label: str) -> None:
+        result = runtime.process(events).persist()
+        kinds.update(e.kind for e in result.new_elements)
+        got = result.main.toPandas().sort_values("eid")
+        want = [model.get(int(k), (None, -1)) for k in got.k]
+        assert list(zip(got.name, got.score, strict=True)) == want, label
+        tasks = result.metrics().tasks
+        assert len(tasks) == 4, label
+        for t in tasks:
+            assert t.shards == ([t.partition] if t.rows_in else []), (label, t)
+            assert t.state_bytes < 1.5 * whole / 4, (label, t.state_bytes, whole)
+        result.unpersist()
+
+    check("v0")
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+              "(delta.enableChangeDataFeed = true)")
+    delta_io.merge_upsert(spark, spark.createDataFrame(pd.DataFrame(
+        {"k": [-50, 650, 100_000], "name": ["u", "v", "w"], "score": [1, 2, 3]})).select(
+        F.col("k"), F.col("name"), F.col("score")), path, keys=["k"])
+    model.update({-50: ("u", 1), 650: ("v", 2), 100_000: ("w", 3)})
+    check("spark merge")
+    DeltaTable(path).delete("k = -43 OR k = 650")
+    model.pop(-43), model.pop(650)
+    check("deltalake delete")
+    new = pd.DataFrame({"k": [3, -36], "name": ["three", "m"], "score": [33, 44]})
+    (DeltaTable(path).merge(new, "t.k = s.k", source_alias="s", target_alias="t")
+     .when_matched_update_all().when_not_matched_insert_all().execute())
+    model.update({3: ("three", 33), -36: ("m", 44)})
+    check("deltalake merge")
+    runtime.close()
+    assert kinds == {"full", "changes"}
+
+
+def test_a_checkpoint_of_a_sharded_state_is_the_tables_and_restores(tmp_path, monkeypatch):
+    """A sharded state serializes to the same content as the whole table state (the
+    checkpoint holds the table once), and that content restores into a sharded state
+    with another shard count (a rescale)."""
+    from lakecast.api.table_state import TableMapState
+    from lakecast.snapshots.codec import deserialize_state, load_into, serialize_state
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dim = pa.Table.from_pandas(_dimension(3000), preserve_index=False)
+    changes = pa.Table.from_pandas(_versions()[0][1], schema=dim.schema, preserve_index=False)
+    states = []
+    for desc_shards in (None, 4):
+        fn = enrich(Lookup("dim", key="k", shards=desc_shards))
+        h = BroadcastTestHarness(fn, tables=["dim"], table_schemas={"dim": dim.schema})
+        h.process_broadcast_element(BroadcastElement.of("dim", 0, dim))
+        h.process_broadcast_element(BroadcastElement.of("dim", 1, changes, kind="changes",
+                                                        change_type="update_postimage"))
+        states.append(h.executor.store.states["dim"])
+    plain, sharded = states
+    assert type(plain) is TableMapState and isinstance(sharded, ShardedTableState)
+    a, b = serialize_state("dim", plain), serialize_state("dim", sharded)
+    assert a.digest == b.digest and a.n_entries == b.n_entries == 3000
+    content = deserialize_state("table", b.values, b.schema_b64)
+    fn3 = enrich(Lookup("dim", key="k", shards=3))
+    h3 = BroadcastTestHarness(fn3, tables=["dim"])
+    rescaled = h3.executor.store.states["dim"]
+    load_into(rescaled, "table", content)
+    assert serialize_state("dim", rescaled).digest == a.digest
+    keys = [pa.array(dim.column("k").to_numpy()[::7])]
+    want, _ = plain.lookup(keys, ["name", "score"])
+    got, found = rescaled.lookup(keys, ["name", "score"])
+    assert found.all() and got.equals(want)

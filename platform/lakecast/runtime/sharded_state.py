@@ -145,7 +145,8 @@ class ShardedTableState(TableMapState):
         self.touched: set[int] = set()
 
     # -- the base ------------------------------------------------------------------
-    def _set_base(self, element: BroadcastElement, value_columns: list[str] | None) -> None:
+    def _set_base(self, element: BroadcastElement, value_columns: list[str] | None,
+                  name: str | None = None) -> None:
         schema = element.schema
         if CHANGE_TYPE in schema.names:
             schema = schema.remove(schema.get_field_index(CHANGE_TYPE))
@@ -153,8 +154,8 @@ class ShardedTableState(TableMapState):
                                    if c not in self.key_columns]
         self._schema = pa.schema([schema.field(c) for c in cols])
         self._source, self._value_columns = element, cols
-        name = (f"{_safe(self.descriptor.name)}@v{element.version}-t{element.commit_timestamp}"
-                f"-n{self.shards}")
+        name = name or (f"{_safe(self.descriptor.name)}@v{element.version}"
+                        f"-t{element.commit_timestamp}-n{self.shards}")
         self._folder = shard_root() / _safe(self.namespace) / name
         self._open = {}
         self._overlay = TableMapState(self.descriptor)
@@ -301,7 +302,25 @@ class ShardedTableState(TableMapState):
         self._overlay.put_table(pa.concat_tables([dead, ups]))  # the upserts win
 
     def put_table(self, table: pa.Table, replace: bool = False) -> None:
-        raise NotImplementedError("a sharded state is written by its table's versions only")
+        """``replace``: ``table`` becomes the base (a restored checkpoint), its shard files
+        named by its content; otherwise its rows are upserted over the base."""
+        if not replace:
+            if self._schema is None:
+                raise ValueError(f"state {self.descriptor.name!r}: rows before any base")
+            element = BroadcastElement(self.descriptor.name, -1, 0, "changes",
+                                       table.append_column(CHANGE_TYPE, pa.array(
+                                           ["insert"] * table.num_rows, pa.string())))
+            self.apply(element)
+            return
+        import hashlib
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        digest = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
+        element = BroadcastElement(self.descriptor.name, 0, 0, "full", table)
+        self._set_base(element, None, name=f"{_safe(self.descriptor.name)}@c{digest}"
+                                           f"-n{self.shards}")
 
     def put(self, key: Hashable, value: Any) -> None:
         raise NotImplementedError("a sharded state is written by its table's versions only")
@@ -465,9 +484,9 @@ def _stale(lock: Path) -> bool:
 
 
 def _prune(folder: Path) -> None:
-    """Remove the older bases of the same state (``<name>@v<version>-...`` beside it)."""
-    stem = folder.name.rsplit("@v", 1)[0]
-    for other in folder.parent.glob(f"{stem}@v*"):
+    """Remove the older bases of the same state (``<name>@...`` beside it)."""
+    stem = folder.name.rsplit("@", 1)[0]
+    for other in folder.parent.glob(f"{stem}@*"):
         if other != folder and other.is_dir() and not other.name.endswith(".lock") \
                 and ".tmp-" not in other.name:
             shutil.rmtree(other, ignore_errors=True)
