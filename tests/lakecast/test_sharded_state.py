@@ -238,3 +238,20 @@ def test_a_checkpoint_of_a_sharded_state_is_the_tables_and_restores(tmp_path, mo
     want, _ = plain.lookup(keys, ["name", "score"])
     got, found = rescaled.lookup(keys, ["name", "score"])
     assert found.all() and got.equals(want)
+
+
+def test_a_keyed_function_with_a_sharded_state_is_refused_with_the_fix():
+    from lakecast.api.descriptors import MapStateDescriptor
+    from lakecast.api.keyed import KeyedBroadcastProcessFunction
+    from lakecast.runtime.keyed import KeyedBroadcastRuntime
+
+    class Counts(KeyedBroadcastProcessFunction):
+        key_by = "user_id"
+
+        def state_descriptors(self):
+            return [MapStateDescriptor("dim", key_columns=("user_id",), shards=4)]
+
+    with pytest.raises(ValueError, match="routed by key group, not by shard"):
+        KeyedBroadcastRuntime(None, Counts(), {"dim": "/nowhere"}, "/nowhere/state")
+    with pytest.raises(Exception, match="needs key_columns"):
+        MapStateDescriptor("flags", shards=2)

@@ -191,7 +191,8 @@ class RunMetrics:
         }
 
 
-BUDGET_FIX = "shrink the state (fewer columns/rows) or lower the parallelism"
+BUDGET_FIX = ("shrink the state (fewer columns/rows), lower the parallelism, or shard the "
+              "table (Lookup(..., shards=N): each task keeps one shard)")
 """What to do about a state over budget (in the warning and wherever it is reported)."""
 
 #: the kinds of over-budget warning this process has already given
