@@ -255,3 +255,53 @@ def test_a_keyed_function_with_a_sharded_state_is_refused_with_the_fix():
         KeyedBroadcastRuntime(None, Counts(), {"dim": "/nowhere"}, "/nowhere/state")
     with pytest.raises(Exception, match="needs key_columns"):
         MapStateDescriptor("flags", shards=2)
+
+
+def _build_in_child(folder: str, rows: pa.Table, out: str) -> None:
+    """Build shard files in another process (what a second Python worker does)."""
+    from pathlib import Path
+
+    from lakecast.runtime.sharded_state import build
+
+    build(Path(folder), BroadcastElement.of("dim", 0, rows), ["k"], None, 4)
+    Path(out).write_text("done")
+
+
+def test_a_build_killed_midway_is_taken_over_and_two_builders_build_once(tmp_path):
+    """A process killed -9 while building leaves its lock and half-written files: the next
+    task takes the lock over (its owner is gone) and builds; two processes at once build
+    one set of files, and both read it."""
+    import multiprocessing
+    import subprocess
+    import sys
+
+    from lakecast.runtime.sharded_state import Shard, build
+
+    rows = pa.Table.from_pandas(_dimension(5000), preserve_index=False)
+    folder = tmp_path / "ns" / "dim@v0-t0-n4"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = folder.with_name(folder.name + ".lock")
+    lock.mkdir(parents=True)
+    (lock / "pid").write_text(str(dead.pid))
+    half = folder.with_name(f"{folder.name}.tmp-{dead.pid}")
+    half.mkdir()
+    (half / "part-0").write_bytes(b"half a stream")
+    build(folder, BroadcastElement.of("dim", 0, rows), ["k"], None, 4)
+    assert (folder / "_DONE").exists() and not lock.exists()
+    got = pa.concat_tables([Shard.open(folder / f"shard-{s}.arrow").table for s in range(4)])
+    assert sorted(got.column("k").to_pylist()) == sorted(rows.column("k").to_pylist())
+
+    again = tmp_path / "ns" / "dim@v1-t1-n4"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_build_in_child, args=(str(again), rows,
+                                                       str(tmp_path / f"done{i}")))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert (tmp_path / "done0").exists() and (tmp_path / "done1").exists()
+    assert sum(Shard.open(again / f"shard-{s}.arrow").table.num_rows for s in range(4)) == 5000
+    assert not folder.exists()  # the newer base pruned the older one

@@ -160,6 +160,13 @@ class ShardedTableState(TableMapState):
         self._open = {}
         self._overlay = TableMapState(self.descriptor)
 
+    def prepare(self) -> None:
+        """Build the base's shard files on this machine now (a warm-up), not at the first
+        lookup."""
+        if self._folder is not None and self._source is not None:
+            build(self._folder, self._source, self.key_columns, self._value_columns,
+                  self.shards)
+
     def _shard(self, s: int) -> Shard:
         shard = self._open.get(s)
         if shard is None:

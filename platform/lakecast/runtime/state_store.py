@@ -55,6 +55,12 @@ class StateStore:
             if isinstance(s, ShardedTableState):
                 s.touched = set()
 
+    def prepare(self) -> None:
+        """Build the shard files of sharded states' bases on this machine (a warm-up)."""
+        for s in self.states.values():
+            if isinstance(s, ShardedTableState):
+                s.prepare()
+
     def shards_read(self) -> list[int]:
         """The shards of sharded states read since :meth:`begin_task`."""
         return sorted({i for s in self.states.values() if isinstance(s, ShardedTableState)

@@ -167,7 +167,8 @@ def warm_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
     batch); one row: whether it had to build the state from scratch."""
     for _ in batches:
         pass
-    _, status, _, _ = acquire(plan)
+    ex, status, _, _ = acquire(plan)
+    ex.store.prepare()
     yield pa.RecordBatch.from_pylist([{"cold": int(status == "cold")}],
                                      schema=pa.schema([("cold", pa.int32())]))
 
