@@ -278,6 +278,8 @@ class MicroBatchPipeline:
             cold_tasks=int(summary["cold_tasks"]),
             cold_build_seconds=float(summary.get("cold_build_seconds", 0.0)),
             state_evictions=int(summary.get("state_evictions", 0)),
+            shards_per_task=int(summary.get("shards_per_task", 0)),
+            rows_routed=int(summary.get("rows_routed", 0)),
             state_engine=self.runtime.state_engine,
             state_engine_reason=self.runtime.state_engine_reason,
             executors=metrics.executors,

@@ -159,6 +159,16 @@ class RunMetrics:
         return self.rows_side("held")
 
     @property
+    def shards_per_task(self) -> int:
+        """The most shards of sharded states one task read (0: none is sharded)."""
+        return max((len(t.shards) for t in self.tasks), default=0)
+
+    @property
+    def rows_routed(self) -> int:
+        """Events shuffled to the tasks of their keys' shards (0: none is sharded)."""
+        return self.rows_in if any(t.shards for t in self.tasks) else 0
+
+    @property
     def process_seconds(self) -> float:
         return max((t.process_seconds + t.apply_seconds for t in self.tasks), default=0.0)
 
@@ -177,6 +187,8 @@ class RunMetrics:
                                              if t.cache == "cold"), default=0.0), 4),
             "executors": len(self.executors),
             "state_evictions": sum(t.evictions for t in self.tasks),
+            "shards_per_task": self.shards_per_task,
+            "rows_routed": self.rows_routed,
             "state_bytes_per_task": self.state_bytes_per_task,
             "state_bytes_total": self.state_bytes_total,
             "budget_bytes": self.budget_bytes,
