@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     root, shards = (argv or sys.argv[1:])[:2]
     spark = get_spark(app_name="sharded-job")
     for r in pipeline(spark, root, int(shards)).run():
-        print(f"batch {r.plan.batch_id}: {r.counts}", flush=True)
+        print(f"batch {r.plan.batch_id}: shards_per_task {r.shards_per_task} rows_routed "
+              f"{r.rows_routed} parallelism {r.parallelism}", flush=True)
 
 
 if __name__ == "__main__":

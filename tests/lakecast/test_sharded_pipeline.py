@@ -19,14 +19,15 @@ from tests.lakecast import sharded_job as sj
 from tests.runs import remote_env
 
 
-def _job(root: str, shards: int, remote: str, crash_at: str | None = None) -> int:
+def _job(root: str, shards: int, remote: str, crash_at: str | None = None
+         ) -> tuple[int, str]:
     env = remote_env(remote, **({"LAKECAST_CRASH_AT": crash_at} if crash_at else {}))
     proc = subprocess.run([sys.executable, "-m", "tests.lakecast.sharded_job", root,
                            str(shards)], cwd=PROJECT_ROOT, env=env, capture_output=True,
                           text=True, timeout=600, start_new_session=True)
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(proc.stdout + proc.stderr)
-    return proc.returncode
+    return proc.returncode, proc.stdout
 
 
 def _events(spark, path: str, batch: int, n: int = 300) -> None:
@@ -52,14 +53,17 @@ def test_a_sharded_pipeline_killed_and_rescaled_2_3_1_is_exactly_once(spark, tmp
     for b in range(4):  # one events version per batch
         _events(spark, paths["events"], b)
     # 2 shards: batch 0 commits (and its checkpoint), batch 1 dies after its outputs
-    assert _job(root, 2, server_url, "outputs_written:1") == -signal.SIGKILL
+    assert _job(root, 2, server_url, "outputs_written:1")[0] == -signal.SIGKILL
     _dim(spark, paths["dim"], [7, 14, 2050], "VIP")  # updates and an added key
     # 3 shards (restored from the checkpoint of batch 0): the redo of batch 1 at its
     # planned version commits, batch 2 at the new version dies after its main output
-    assert _job(root, 3, server_url, "main_written:2") == -signal.SIGKILL
+    rc, out = _job(root, 3, server_url, "main_written:2")
+    assert rc == -signal.SIGKILL
+    # each of the 3 tasks read one shard; the batch's 300 events were routed to them
+    assert "batch 1: shards_per_task 1 rows_routed 300 parallelism 3" in out, out
     delta_io.delete(spark, paths["dim"], "user_id IN (21, 28)")
     # 1 shard: the redo of batch 2, then batch 3 at the newest version
-    assert _job(root, 1, server_url) == 0
+    assert _job(root, 1, server_url)[0] == 0
 
     plans, commits = read_log(progress_path(paths["_progress"], "sharded"))
     assert sorted(commits) == [0, 1, 2, 3]
