@@ -1,6 +1,7 @@
 """A sharded enrichment pipeline killed -9 mid-batch and rescaled 2 -> 3 -> 1 shards:
 every event exactly once, each enriched with the dimension's version its batch planned
-(a pandas reference from the pinned Delta versions, :mod:`tests.lakecast.sharded_job`)."""
+(a pandas reference from the pinned Delta versions, :mod:`tests.lakecast.sharded_job`),
+and a version with a duplicate key refused whole."""
 
 from __future__ import annotations
 
@@ -62,13 +63,18 @@ def test_a_sharded_pipeline_killed_and_rescaled_2_3_1_is_exactly_once(spark, tmp
     # each of the 3 tasks read one shard; the batch's 300 events were routed to them
     assert "batch 1: shards_per_task 1 rows_routed 300 parallelism 3" in out, out
     delta_io.delete(spark, paths["dim"], "user_id IN (21, 28)")
-    # 1 shard: the redo of batch 2, then batch 3 at the newest version
+    # a version that breaks the key's contract (a second row of user 7): refused whole,
+    # so no task of any shard sees it
+    delta_io.write(spark.createDataFrame(pd.DataFrame(
+        {"user_id": [7], "segment": ["DUP"], "ltv": [0.0]})), paths["dim"], mode="append")
+    # 1 shard: the redo of batch 2, then batch 3 at the newest good version
     assert _job(root, 1, server_url)[0] == 0
 
     plans, commits = read_log(progress_path(paths["_progress"], "sharded"))
     assert sorted(commits) == [0, 1, 2, 3]
     committed = {p.batch_id: p for p in plans if not p.is_restore}
     assert [committed[b].broadcast_versions["dim"] for b in range(4)] == [0, 0, 1, 2]
+    assert [r["version"] for r in committed[3].refused] == [3]
     want = sj.reference(root, [committed[b] for b in range(4)])
     got = delta_io.read(spark, paths["enriched"]).toPandas()
     assert got.event_id.is_unique and len(got) == 4 * 300
