@@ -152,8 +152,9 @@ def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
     """A dimension written by deltalake (as a user's asset writes it), its Change Data Feed
     turned on, then a Spark MERGE, a deltalake delete and a deltalake merge: every batch
     equals a pandas model, each task reads the one shard of its partition and holds about
-    a quarter of the table; versions came both as changes (the overlay over the shards)
-    and as whole tables (new shard files)."""
+    an eighth of the table; versions came both as changes (the overlay over the shards)
+    and as whole tables (new shard files). The table is 4x the per-task budget (the budget
+    over the 8 tasks): sharded, no batch is over budget; the same lookup unsharded is."""
     from deltalake import DeltaTable, write_deltalake
     from pyspark.sql import functions as F
 
@@ -163,13 +164,14 @@ def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
     path = lake.table_path("dim")
     dim = _dimension(20_000)
     write_deltalake(path, dim)
-    fn = enrich(Lookup("dim", key="k", shards=4, defaults={"score": -1}))
-    runtime = BroadcastRuntime(spark, fn, {"dim": path})
+    whole = pa.Table.from_pandas(dim, preserve_index=False).nbytes
+    budget = 8 * whole // 4  # per task (of 8): a quarter of the table
+    fn = enrich(Lookup("dim", key="k", shards=8, defaults={"score": -1}))
+    runtime = BroadcastRuntime(spark, fn, {"dim": path}, state_budget_bytes=budget)
     assert runtime.state_engine == "python" and "sharded" in runtime.state_engine_reason
     probe = np.concatenate([dim.k.to_numpy()[::3], [100_000, 650, 3, 999_999]])
     events = spark.createDataFrame(pd.DataFrame({"k": probe, "eid": np.arange(len(probe))}))
     model = {int(r.k): (r.name, int(r.score)) for r in dim.itertuples()}
-    whole = pa.Table.from_pandas(dim, preserve_index=False).nbytes
 
     kinds: set[str] = set()
 
@@ -179,11 +181,12 @@ def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
         got = result.main.toPandas().sort_values("eid")
         want = [model.get(int(k), (None, -1)) for k in got.k]
         assert list(zip(got.name, got.score, strict=True)) == want, label
-        tasks = result.metrics().tasks
-        assert len(tasks) == 4, label
-        for t in tasks:
+        metrics = result.metrics()
+        assert len(metrics.tasks) == 8 and not metrics.over_budget, label
+        for t in metrics.tasks:
             assert t.shards == ([t.partition] if t.rows_in else []), (label, t)
-            assert t.state_bytes < 1.5 * whole / 4, (label, t.state_bytes, whole)
+            assert t.state_bytes < 1.5 * whole / 8, (label, t.state_bytes, whole)
+        assert metrics.rows_routed == len(probe) and metrics.shards_per_task == 1, label
         result.unpersist()
 
     check("v0")
@@ -204,6 +207,13 @@ def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
     check("deltalake merge")
     runtime.close()
     assert kinds == {"full", "changes"}
+    plain = BroadcastRuntime(spark, enrich(Lookup("dim", key="k", defaults={"score": -1})),
+                             {"dim": path}, state_budget_bytes=budget, jvm_lookups=False)
+    result = plain.process(events).persist()
+    result.main.count()
+    assert result.metrics().over_budget  # whole in every task: over the same budget
+    result.unpersist()
+    plain.close()
 
 
 def test_a_checkpoint_of_a_sharded_state_is_the_tables_and_restores(tmp_path, monkeypatch):
