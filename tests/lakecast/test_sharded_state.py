@@ -115,6 +115,15 @@ def test_shards_are_declared_on_a_key():
         Lookup("dim", key="k", shards=0)
     with pytest.raises(ValueError, match="share their event key columns"):
         enrich(Lookup("a", key="k", shards=2), Lookup("b", key="j", shards=2))
+    # a sharded lookup runs in the Python workers, said in its engine's reason
+    from lakecast.runtime.engine import choose_engine
+
+    fn = enrich(Lookup("a", key="k", shards=2))
+    assert fn.routing() == (["k"], 2)
+    choice = choose_engine(None, fn)
+    assert choice.engine == "python" and choice.reason.startswith("sharded lookups")
+    with pytest.raises(ValueError, match="keep their shards in the Python workers"):
+        choose_engine(None, fn, jvm_lookups=True)
 
 
 # ------------------------------------------------------------------------ on real Spark
