@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from lakecast.api import BroadcastElement
+from lakecast.api import BroadcastElement, BroadcastProcessFunction, MapStateDescriptor
 from lakecast.api.enrich import Lookup, enrich
 from lakecast.runtime.harness import BroadcastTestHarness
 from lakecast.runtime.sharded_state import ShardedTableState
@@ -324,3 +324,48 @@ def test_a_build_killed_midway_is_taken_over_and_two_builders_build_once(tmp_pat
     assert (tmp_path / "done0").exists() and (tmp_path / "done1").exists()
     assert sum(Shard.open(again / f"shard-{s}.arrow").table.num_rows for s in range(4)) == 5000
     assert not folder.exists()  # the newer base pruned the older one
+
+
+class Scores(BroadcastProcessFunction):
+    """A broadcast function of its own over a sharded table-shaped state: it declares the
+    state's shards and how its events are routed."""
+
+    DIM = MapStateDescriptor("dim", key_columns=("k",), shards=4)
+    batch_format = "arrow"
+
+    def state_descriptors(self):
+        return [self.DIM]
+
+    def routing(self):
+        return ["k"], 4
+
+    def output_schema(self, input_schema):
+        return pa.schema([*input_schema, ("score", pa.int64())])
+
+    def process_broadcast_element(self, value, ctx):
+        ctx.get_broadcast_state(self.DIM).apply(value, value_columns=["score"])
+
+    def process_batch(self, batch, ctx):
+        taken, _ = ctx.get_broadcast_state(self.DIM).lookup([batch.column("k")], ["score"])
+        yield batch.append_column("score", taken.column("score"))
+
+
+def test_a_broadcast_function_of_its_own_shards_its_state(tmp_path, monkeypatch):
+    from lakecast import BroadcastRuntime
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dim = _dimension(500)
+    h = BroadcastTestHarness(Scores(), tables=["dim"])
+    h.process_broadcast_element(BroadcastElement.of("dim", 0, pa.Table.from_pandas(
+        dim, preserve_index=False)))
+    out = h.process_elements([{"k": int(k)} for k in dim.k[:50]] + [{"k": 3}])
+    assert [r["score"] for r in out] == [*dim.score[:50].tolist(), None]
+    assert isinstance(h.executor.store.states["dim"], ShardedTableState)
+
+    class Unrouted(Scores):
+        def routing(self):
+            return None
+
+    with pytest.raises(ValueError, match="no routing"):
+        BroadcastRuntime(None, Unrouted(), {"dim": "/nowhere"})
+    assert MapStateDescriptor("d", key_columns=("k",), shards=2).shards == 2
