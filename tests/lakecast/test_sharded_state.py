@@ -280,7 +280,7 @@ def _build_in_child(folder: str, rows: pa.Table, out: str) -> None:
     """Build shard files in another process (what a second Python worker does)."""
     from pathlib import Path
 
-    from lakecast.runtime.sharded_state import build
+    from lakecast.runtime.shard_files import build
 
     build(Path(folder), BroadcastElement.of("dim", 0, rows), ["k"], None, 4)
     Path(out).write_text("done")
@@ -294,7 +294,7 @@ def test_a_build_killed_midway_is_taken_over_and_two_builders_build_once(tmp_pat
     import subprocess
     import sys
 
-    from lakecast.runtime.sharded_state import Shard, build
+    from lakecast.runtime.shard_files import Shard, build
 
     rows = pa.Table.from_pandas(_dimension(5000), preserve_index=False)
     folder = tmp_path / "ns" / "dim@v0-t0-n4"

@@ -1,0 +1,250 @@
+"""The files of a sharded state's base (:mod:`lakecast.runtime.sharded_state`).
+
+A base (a full version of a table) is written once per machine as one Arrow IPC file per
+shard, each sorted by :data:`HASH` (:func:`~lakecast.runtime.shards.key_hash64` of the
+key), in a folder named by the state, the base and the shard count (:func:`build`): the
+first process that needs it takes a lock (a folder: ``<base>.lock`` with its pid), reads
+the base one file at a time, splits each by shard into streams, then sorts and writes
+one shard at a time, and publishes the folder by renaming it whole; the others wait for
+it. A lock whose process is gone (killed while building) is taken over. A task opens the
+shard files it reads memory-mapped (:class:`Shard`): the Python workers of a machine
+share their pages. Building a base removes the older bases of the same state beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakecast.api.element import CHANGE_TYPE, BroadcastElement
+from lakecast.runtime.shards import canonical, key_hash64, shard_of
+
+#: a shard file's column of the sorted key hashes
+HASH = "__lakecast_h"
+#: how long a task waits for another process building the same base (seconds)
+BUILD_WAIT_S = 1800.0
+
+
+def shard_root() -> Path:
+    """Where this process keeps shard files: in a Spark task, under the application's
+    ``SparkFiles`` root (removed with the application); elsewhere, the temporary folder."""
+    try:
+        from pyspark import SparkFiles, TaskContext
+
+        if TaskContext.get() is not None:
+            return Path(SparkFiles.getRootDirectory()) / "lakecast-shards"
+    except Exception:  # no Spark here: the temporary folder
+        pass
+    return Path(tempfile.gettempdir()) / f"lakecast-shards-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a base, memory-mapped: its rows sorted by :data:`HASH`."""
+
+    table: pa.Table
+    hashes: np.ndarray  # uint64, a view of the mapped file
+    source: Any = None  # the open memory map (kept while the shard is used)
+
+    @staticmethod
+    def open(path: Path) -> Shard:
+        source = pa.memory_map(str(path))
+        table = pa.ipc.open_file(source).read_all()
+        hashes = (table.column(HASH).chunk(0).to_numpy(zero_copy_only=True)
+                  if table.num_rows else np.zeros(0, dtype=np.uint64))
+        return Shard(table, hashes, source)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def find(self, keys: Sequence[pa.Array], hashes: np.ndarray,
+             key_columns: Sequence[str]) -> np.ndarray:
+        """The row of each probe key in this shard (-1: none)."""
+        n, size = len(hashes), len(self.hashes)
+        if not size or not n:
+            return np.full(n, -1, dtype=np.int64)
+        at = np.searchsorted(self.hashes, hashes, side="left")
+        cand = np.minimum(at, size - 1)
+        match = (at < size) & (self.hashes[cand] == hashes)
+        rows = np.flatnonzero(match)
+        pos = np.full(n, -1, dtype=np.int64)
+        if not len(rows):
+            return pos
+        same = self._equal(rows, cand[rows], keys, key_columns)
+        pos[rows[same]] = cand[rows[same]]
+        for r in rows[~same]:  # another key with the same hash: the next rows of that hash
+            j = int(cand[r]) + 1
+            while j < size and self.hashes[j] == hashes[r]:
+                if self._equal(np.array([r]), np.array([j]), keys, key_columns)[0]:
+                    pos[r] = j
+                    break
+                j += 1
+        return pos
+
+    def _equal(self, probe_rows: np.ndarray, rows: np.ndarray, keys: Sequence[pa.Array],
+               key_columns: Sequence[str]) -> np.ndarray:
+        same = np.ones(len(rows), dtype=bool)
+        idx, pidx = pa.array(rows), pa.array(probe_rows)
+        for c, probe in zip(key_columns, keys, strict=True):
+            mine = canonical(self.table.column(c).take(idx))
+            same &= np.asarray(pc.fill_null(pc.equal(mine, probe.take(pidx)), False))
+        return same
+
+
+def build(folder: Path, element: BroadcastElement, key_columns: Sequence[str],
+          columns: Sequence[str] | None, shards: int) -> None:
+    """Write ``element``'s rows (``columns`` of them) as ``shards`` sorted shard files in
+    ``folder``, unless they are there; one process builds, the others wait."""
+    if (folder / "_DONE").exists():
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = folder.with_name(folder.name + ".lock")
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while True:
+        try:
+            lock.mkdir()
+            break
+        except FileExistsError:
+            if (folder / "_DONE").exists():
+                return
+            if _stale(lock):
+                shutil.rmtree(lock, ignore_errors=True)
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"shard files {folder}: another process has held "
+                                   f"{lock} for {BUILD_WAIT_S:.0f} s; remove it") from None
+            time.sleep(0.05)
+    try:
+        (lock / "pid").write_text(str(os.getpid()))
+        if (folder / "_DONE").exists():
+            return
+        _write(folder, element, list(key_columns), columns, shards)
+        _prune(folder)
+    finally:
+        shutil.rmtree(lock, ignore_errors=True)
+
+
+def _write(folder: Path, element: BroadcastElement, keys: list[str],
+           columns: Sequence[str] | None, shards: int) -> None:
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    schema: pa.Schema | None = None
+    try:
+        for part in _parts(element, columns):
+            schema = part.schema
+            valid = pc.and_(*[pc.is_valid(part.column(k)) for k in keys]) if len(keys) > 1 \
+                else pc.is_valid(part.column(keys[0]))
+            part = part.filter(valid)
+            if not part.num_rows:
+                continue
+            shard = shard_of([part.column(k) for k in keys], shards)
+            for s in np.unique(shard):
+                w = writers.get(int(s))
+                if w is None:
+                    w = writers[int(s)] = pa.ipc.new_stream(str(tmp / f"part-{s}"),
+                                                            part.schema)
+                w.write_table(part.filter(pa.array(shard == s)))
+    finally:
+        for w in writers.values():
+            w.close()
+    if schema is None:
+        schema = _element_schema(element, columns)
+    counts = {}
+    for s in range(shards):
+        src = tmp / f"part-{s}"
+        if src.exists():
+            with pa.ipc.open_stream(str(src)) as r:
+                table = r.read_all()
+            src.unlink()
+        else:
+            table = schema.empty_table()
+        table = _last_per_key(table, keys)
+        hashes = key_hash64([table.column(k) for k in keys]) if table.num_rows else \
+            np.zeros(0, dtype=np.uint64)
+        order = np.argsort(hashes, kind="stable")
+        table = table.take(pa.array(order)).append_column(HASH, pa.array(hashes[order]))
+        table = table.combine_chunks()
+        with pa.OSFile(str(tmp / f"shard-{s}.arrow"), "wb") as f, \
+                pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table, max_chunksize=max(1, table.num_rows))
+        counts[s] = table.num_rows
+    (tmp / "_DONE").write_text(json.dumps({"rows": counts}))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+
+
+def _parts(element: BroadcastElement, columns: Sequence[str] | None) -> Iterator[pa.Table]:
+    """The element's rows, a file at a time when it is a file list."""
+    files = getattr(element, "files", None)
+    if files is not None and getattr(element, "_rows", None) is None:
+        for part in files.parts():
+            yield part.select(list(columns)) if columns else part
+        return
+    rows = element.rows
+    if CHANGE_TYPE in rows.column_names:
+        rows = rows.drop_columns([CHANGE_TYPE])
+    yield rows.select(list(columns)) if columns else rows
+
+
+def _element_schema(element: BroadcastElement, columns: Sequence[str] | None) -> pa.Schema:
+    schema = element.schema
+    if CHANGE_TYPE in schema.names:
+        schema = schema.remove(schema.get_field_index(CHANGE_TYPE))
+    return pa.schema([schema.field(c) for c in columns]) if columns else schema
+
+
+def _last_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
+    """One row per key, the last one (as a state applying the rows in order keeps)."""
+    if table.num_rows < 2:
+        return table
+    import pandas as pd
+
+    frame = pd.DataFrame({k: table.column(k).to_numpy(zero_copy_only=False) for k in keys})
+    dup = frame.duplicated(keep="last").to_numpy()
+    return table.filter(pa.array(~dup)) if dup.any() else table
+
+
+def _stale(lock: Path) -> bool:
+    """Whether the process that took ``lock`` is gone (killed while building)."""
+    try:
+        pid = int((lock / "pid").read_text())
+    except (OSError, ValueError):  # not written yet: stale only when old
+        try:
+            return time.time() - lock.stat().st_mtime > 60
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _prune(folder: Path) -> None:
+    """Remove the older bases of the same state (``<name>@...`` beside it)."""
+    stem = folder.name.rsplit("@", 1)[0]
+    for other in folder.parent.glob(f"{stem}@*"):
+        if other != folder and other.is_dir() and not other.name.endswith(".lock") \
+                and ".tmp-" not in other.name:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def safe_name(name: str) -> str:
+    """``name`` as a folder name (letters, digits, ``-_.``; anything else ``_``)."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
