@@ -152,12 +152,16 @@ def _write(folder: Path, element: BroadcastElement, keys: list[str],
             if not part.num_rows:
                 continue
             shard = shard_of([part.column(k) for k in keys], shards)
-            for s in np.unique(shard):
+            order = np.argsort(shard, kind="stable")  # one take, then a slice per shard
+            part, counts = part.take(pa.array(order)), np.bincount(shard, minlength=shards)
+            start = 0
+            for s in np.flatnonzero(counts):
                 w = writers.get(int(s))
                 if w is None:
                     w = writers[int(s)] = pa.ipc.new_stream(str(tmp / f"part-{s}"),
                                                             part.schema)
-                w.write_table(part.filter(pa.array(shard == s)))
+                w.write_table(part.slice(start, int(counts[s])))
+                start += int(counts[s])
     finally:
         for w in writers.values():
             w.close()
