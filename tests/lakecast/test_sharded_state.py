@@ -108,6 +108,11 @@ def test_a_task_reads_only_the_shards_of_its_keys(tmp_path, monkeypatch):
     assert h.executor.store.shards_read() == [3]
     whole = pa.Table.from_pandas(dim, preserve_index=False).nbytes
     assert state.nbytes() < 1.5 * whole / 8  # this task's share: one shard of eight
+    # keys of another type than the table's (int32, numeric strings) are found as its own
+    for probe in (pa.array(mine[:20], pa.int32()), pa.array([str(k) for k in mine[:20]])):
+        taken, found = state.lookup([probe], ["score"])
+        assert found.all() and taken.column("score").to_pylist() == \
+            dim.set_index("k").score.loc[mine[:20]].tolist()
 
 
 def test_shards_are_declared_on_a_key():
@@ -155,6 +160,13 @@ def test_the_hash_and_the_routing_are_sparks_own(spark):
         want = shard_of([pa.array(routed.i.astype("Int64"), pa.int64()),
                          pa.array(routed.s.tolist(), pa.string())], n)
         assert routed.p.tolist() == want.tolist()
+    # events whose key is a string of digits, routed to a table keyed by integers: as
+    # the table's key type, the shard the task computes from the cast key
+    digits = spark.createDataFrame([(str(v),) for v in range(50)], "sn string")
+    routed = (digits.repartition(4, *routing_columns(["sn"], digits.schema, [pa.int64()]))
+              .select("sn", F.spark_partition_id().alias("p")).toPandas())
+    want = shard_of([pa.array(routed.sn.astype("int64"), pa.int64())], 4)
+    assert routed.p.tolist() == want.tolist()
 
 
 def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):

@@ -175,6 +175,20 @@ class BroadcastRuntime(BaseRuntime):
         """Driver-side estimate of one state copy (Arrow size of base + increments)."""
         return self._base_bytes + sum(link.nbytes for link in self._chain[1:])
 
+    def _routing_key_types(self) -> list[pa.DataType | None] | None:
+        """The key columns' types of the sharded state the events are routed to (as their
+        tables' schemas say; ``None`` where not known yet)."""
+        if self.routing is None:
+            return None
+        sharded = [d for d in self.function.state_descriptors() if d.shards]
+        schema = self._schemas.get(sharded[0].name) if sharded else None
+        if schema is None:
+            return None
+        keys = sharded[0].key_columns
+        if len(keys) != len(self.routing[0]):
+            return None
+        return [schema.field(k).type if k in schema.names else None for k in keys]
+
     @property
     def per_task_state_bytes(self) -> int:
         """:attr:`estimated_state_bytes` of what one task holds: a sharded table's share
@@ -326,7 +340,8 @@ class BroadcastRuntime(BaseRuntime):
         tz = self._tz
         if self.routing is not None:  # each task gets the events of its keys' shards
             cols, shards = self.routing
-            events = events.repartition(shards, *routing_columns(cols, events.schema))
+            events = events.repartition(shards, *routing_columns(
+                cols, events.schema, self._routing_key_types()))
         input_schema = to_arrow_schema(events.schema, timezone=tz)
         plan = self.plan(input_schema, watermark)
         layout = plan.layout

@@ -153,7 +153,10 @@ class ShardedTableState(TableMapState):
         n = len(keys[0])
         if self._schema is None:
             return pa.table({c: pa.nulls(n) for c in columns}), np.zeros(n, dtype=bool)
-        probe = [canonical(k) for k in keys]
+        probe = []
+        for col, arr in zip(self.key_columns, keys, strict=True):
+            target = self._schema.field(col).type  # as the table's key (then hashed alike)
+            probe.append(canonical(arr if arr.type == target else pc.cast(arr, target)))
         taken, found = self._base_lookup(probe, columns)
         if self._overlay.schema is None:
             return taken, found

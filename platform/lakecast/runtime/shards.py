@@ -151,24 +151,32 @@ def key_hash64(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     return out
 
 
-def routing_columns(names: Sequence[str], schema: Any) -> list[Column]:
+def routing_columns(names: Sequence[str], schema: Any,
+                    keys: Sequence[pa.DataType | None] | None = None) -> list[Column]:
     """The Spark columns ``repartition`` routes events by: the event key columns of the
-    events' Spark ``schema``, integers cast to ``bigint`` (as :func:`shard_of` hashes them);
-    a ``ValueError`` names a column that is missing or of another type."""
+    events' Spark ``schema`` as the state's key columns' types ``keys`` (when known; else
+    their own), integers as ``bigint`` (as :func:`shard_of` hashes them); a ``ValueError``
+    names a column that is missing or of another type."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegralType, StringType
 
     fields = {f.name: f.dataType for f in schema.fields}
     out = []
-    for n in names:
+    for n, key in zip(names, keys or [None] * len(names), strict=True):
         t = fields.get(n)
         if t is None:
             raise ValueError(f"the events have no column {n!r} to route them to the shards "
                              f"by (their columns: {sorted(fields)})")
-        if isinstance(t, IntegralType):
-            out.append(F.col(f"`{n}`").cast("bigint"))
+        col = F.col(f"`{n}`")
+        if key is not None and not shardable(key):
+            raise ValueError(f"a sharded state's key matching the events' {n!r} is {key}: "
+                             "shard a table by an integer or a string key")
+        if key is not None:  # hashed as the table's key: its canonical type
+            out.append(col.cast("bigint" if pa.types.is_integer(key) else "string"))
+        elif isinstance(t, IntegralType):
+            out.append(col.cast("bigint"))
         elif isinstance(t, StringType):
-            out.append(F.col(f"`{n}`"))
+            out.append(col)
         else:
             raise ValueError(f"the events' column {n!r} is {t.simpleString()}: a sharded "
                              "state's key must be an integer or a string column")
