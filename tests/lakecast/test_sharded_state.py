@@ -259,6 +259,10 @@ def test_a_checkpoint_of_a_sharded_state_is_the_tables_and_restores(tmp_path, mo
     assert type(plain) is TableMapState and isinstance(sharded, ShardedTableState)
     a, b = serialize_state("dim", plain), serialize_state("dim", sharded)
     assert a.digest == b.digest and a.n_entries == b.n_entries == 3000
+    # made once per machine: the next task of the checkpoint reads it
+    (made,) = list(tmp_path.rglob("once-*.arrow"))
+    again = serialize_state("dim", sharded)
+    assert (again.digest, again.values) == (b.digest, b.values) and made.exists()
     content = deserialize_state("table", b.values, b.schema_b64)
     fn3 = enrich(Lookup("dim", key="k", shards=3))
     h3 = BroadcastTestHarness(fn3, tables=["dim"])

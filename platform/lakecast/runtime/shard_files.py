@@ -13,12 +13,13 @@ share their pages. Building a base removes the older bases of the same state bes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,31 +108,57 @@ def build(folder: Path, element: BroadcastElement, key_columns: Sequence[str],
           columns: Sequence[str] | None, shards: int) -> None:
     """Write ``element``'s rows (``columns`` of them) as ``shards`` sorted shard files in
     ``folder``, unless they are there; one process builds, the others wait."""
-    if (folder / "_DONE").exists():
+    done = folder / "_DONE"
+    if done.exists():
         return
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = folder.with_name(folder.name + ".lock")
+    with _exclusive(folder, done.exists) as mine:
+        if mine:
+            _write(folder, element, list(key_columns), columns, shards)
+            _prune(folder)
+
+
+def computed_once(path: Path, compute: Callable[[], pa.Table]) -> pa.Table:
+    """``compute()``'s table, written to ``path`` (Arrow IPC) by the first process of the
+    machine that needs it; the others wait for it and read it, memory-mapped."""
+    if not path.exists():
+        with _exclusive(path, path.exists) as mine:
+            if mine:
+                table = compute()
+                tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+                with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+                    w.write_table(table)
+                os.replace(tmp, path)
+                return table
+    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+
+
+@contextlib.contextmanager
+def _exclusive(target: Path, done: Callable[[], bool]) -> Iterator[bool]:
+    """Hold ``<target>.lock`` (a folder with the holder's pid): yields ``True`` when this
+    process must make ``target``, ``False`` when another made it meanwhile (``done``). A
+    lock whose process is gone is taken over; waiting longer than :data:`BUILD_WAIT_S`
+    raises."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.with_name(target.name + ".lock")
     deadline = time.monotonic() + BUILD_WAIT_S
     while True:
         try:
             lock.mkdir()
             break
         except FileExistsError:
-            if (folder / "_DONE").exists():
+            if done():
+                yield False
                 return
             if _stale(lock):
                 shutil.rmtree(lock, ignore_errors=True)
                 continue
             if time.monotonic() > deadline:
-                raise TimeoutError(f"shard files {folder}: another process has held "
-                                   f"{lock} for {BUILD_WAIT_S:.0f} s; remove it") from None
+                raise TimeoutError(f"{target}: another process has held {lock} for "
+                                   f"{BUILD_WAIT_S:.0f} s; remove it") from None
             time.sleep(0.05)
     try:
         (lock / "pid").write_text(str(os.getpid()))
-        if (folder / "_DONE").exists():
-            return
-        _write(folder, element, list(key_columns), columns, shards)
-        _prune(folder)
+        yield not done()
     finally:
         shutil.rmtree(lock, ignore_errors=True)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,14 @@ from lakecast.api.descriptors import MapStateDescriptor
 from lakecast.api.element import CHANGE_TYPE, BroadcastElement, split_changes
 from lakecast.api.frozen import freeze
 from lakecast.api.table_state import TableMapState
-from lakecast.runtime.shard_files import HASH, Shard, build, safe_name, shard_root
+from lakecast.runtime.shard_files import (
+    HASH,
+    Shard,
+    build,
+    computed_once,
+    safe_name,
+    shard_root,
+)
 from lakecast.runtime.shards import canonical, key_hash64, shard_of
 
 #: the overlay's column marking a key deleted since the base
@@ -91,6 +98,22 @@ class ShardedTableState(TableMapState):
         if self._folder is not None and self._source is not None:
             build(self._folder, self._source, self.key_columns, self._value_columns,
                   self.shards)
+
+    def computed_once(self, key: str, compute: Callable[[], pa.Table]) -> pa.Table:
+        """``compute()`` for this state's content (its base and its changes since) and
+        ``key``, made once per machine: what each task of a checkpoint makes of the same
+        content (the others read it)."""
+        if self._folder is None:
+            return compute()
+        self.prepare()
+        digest = hashlib.sha256(key.encode())
+        over = self._overlay.to_arrow() if self._overlay.schema is not None else None
+        if over is not None and over.num_rows:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, over.schema) as w:
+                w.write_table(over)
+            digest.update(sink.getvalue().to_pybytes())
+        return computed_once(self._folder / f"once-{digest.hexdigest()[:20]}.arrow", compute)
 
     def _shard(self, s: int) -> Shard:
         shard = self._open.get(s)
