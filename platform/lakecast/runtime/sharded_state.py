@@ -23,8 +23,9 @@ the events to the tasks of their keys' shards, so a task reads only its shard's 
 
 Every other promise is the table state's (:class:`~lakecast.api.table_state.TableMapState`):
 the same version on every task, lineage, refused versions, checkpoints (which hold the
-table once: :meth:`ShardedTableState.to_arrow`). Folders of older bases of the same state
-are removed when a newer base is built (a task still mapping one keeps its pages).
+table once: :meth:`ShardedTableState.to_arrow`, serialized once per machine:
+:meth:`ShardedTableState.computed_once`). Folders of older bases of the same state are
+removed when a newer base is built (a task still mapping one keeps its pages).
 """
 
 from __future__ import annotations
