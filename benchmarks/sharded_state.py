@@ -48,6 +48,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from benchmarks import spark_sides
 from benchmarks.targets import SHARDED_STATE as BENCH
 from lakecast import BroadcastRuntime, Lookup, enrich
 from lakecast.delta import io as delta_io
@@ -87,15 +88,10 @@ def run(spark: SparkSession, root: Path, n_dim: int, shards: int, n_batches: int
     checkpoint = str(root / "stream_checkpoint")
 
     def append_events(i: int) -> int:
-        ids = spark.range(i * batch_events, (i + 1) * batch_events, numPartitions=2)
-        return delta_io.write(ids.select(
-            F.col("id").alias("event_id"), F.lit(i).alias("batch_id"),
-            (F.col("id") * 7919 % int(n_dim * 1.05)).alias("user_id"),
-            (F.col("id") % 97 * 1.5).alias("amount")), events_path, mode="append")
+        return spark_sides.append_events(spark, events_path, i, batch_events, n_dim)
 
     def new_events(version: int) -> DataFrame:
-        return delta_io.read_changes(spark, events_path, version, version).drop(
-            "_change_type", "_commit_version", "_commit_timestamp")
+        return spark_sides.new_events(spark, events_path, version)
 
     def dimension() -> DataFrame:
         return delta_io.read(spark, dim).select("user_id", *columns)
@@ -120,20 +116,8 @@ def run(spark: SparkSession, root: Path, n_dim: int, shards: int, n_batches: int
         return time.perf_counter() - t, {}
 
     def stream_static(i: int, version: int) -> tuple[float, dict[str, Any]]:
-        t = time.perf_counter()
-        query = (spark.readStream.format("delta").load(events_path)
-                 .join(dimension(), "user_id", "left")
-                 .withColumn("segment", F.coalesce("segment", F.lit("NEW")))
-                 .writeStream.format("delta").option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start(out["stream_static"]))
-        query.awaitTermination()
-        wall = time.perf_counter() - t
-        data = [p for p in query.recentProgress if p["numInputRows"] > 0]
-        rows = sum(p["numInputRows"] for p in data)
-        if rows != batch_events:
-            raise RuntimeError(f"stream-static batch {i}: {rows} input rows, not {batch_events}")
-        return (sum(p["durationMs"]["triggerExecution"] for p in data) / 1000,
-                {"wall_s": round(wall, 3)})
+        return spark_sides.stream_static(spark, events_path, dimension(), checkpoint,
+                                         out["stream_static"], i, batch_events)
 
     sides = {"lakecast": lakecast, "shuffle_join": shuffle_join, "stream_static": stream_static}
     times: dict[str, list[float]] = {s: [] for s in SIDES}
