@@ -169,7 +169,7 @@ def test_the_hash_and_the_routing_are_sparks_own(spark):
     assert routed.p.tolist() == want.tolist()
 
 
-def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
+def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake, caplog):
     """A dimension written by deltalake (as a user's asset writes it), its Change Data Feed
     turned on, then a Spark MERGE, a deltalake delete and a deltalake merge: every batch
     equals a pandas model, each task reads the one shard of its partition and holds about
@@ -235,6 +235,18 @@ def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake):
     assert result.metrics().over_budget  # whole in every task: over the same budget
     result.unpersist()
     plain.close()
+    # shards="auto": chosen from the table's size and a task's share of the budget, logged
+    auto = enrich(Lookup("dim", key="k", shards="auto", defaults={"score": -1}))
+    runtime = BroadcastRuntime(spark, auto, {"dim": path}, state_budget_bytes=budget)
+    with caplog.at_level("INFO", logger="lakecast.runtime.broadcast"):
+        result = runtime.process(events).persist()
+        got = result.main.toPandas().sort_values("eid")
+    assert list(zip(got.name, got.score, strict=True)) == [
+        model.get(int(k), (None, -1)) for k in got.k]
+    assert auto.routing()[1] >= 2 and "shards='auto'" in caplog.text
+    assert result.metrics().shards_per_task == 1
+    result.unpersist()
+    runtime.close()
 
 
 def test_a_checkpoint_of_a_sharded_state_is_the_tables_and_restores(tmp_path, monkeypatch):
@@ -385,3 +397,19 @@ def test_a_broadcast_function_of_its_own_shards_its_state(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="no routing"):
         BroadcastRuntime(None, Unrouted(), {"dim": "/nowhere"})
     assert MapStateDescriptor("d", key_columns=("k",), shards=2).shards == 2
+
+
+def test_auto_shards_are_chosen_from_the_tables_size_and_the_budget(caplog):
+    fn = enrich(Lookup("dim", key="k", shards="auto"), Lookup("small", key="j"))
+    assert fn.routing() is None and fn.lookups[0].descriptor.shards is None
+    from lakecast.runtime.engine import choose_engine
+
+    assert choose_engine(None, fn).reason.startswith("sharded lookups")  # never the JVM
+    said = fn.choose_shards({"dim": 10_000_000, "small": 50}, task_budget=3_000_000)
+    assert said == ["Lookup('dim', shards='auto'): 10.0 MB against 3.0 MB per task: 4 shards"]
+    assert fn.routing() == (["k"], 4) and fn.lookups[0].descriptor.shards == 4
+    fits = enrich(Lookup("dim", key="k", shards="auto"))
+    assert fits.choose_shards({"dim": 100}, 3_000_000)[0].endswith("not sharded")
+    assert fits.routing() is None
+    with pytest.raises(ValueError, match="or 'auto'"):
+        Lookup("dim", key="k", shards="many")

@@ -28,6 +28,7 @@ recomputed or retried task computes the same result (write each output with
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -63,6 +64,9 @@ if TYPE_CHECKING:
 
     from lakecast.pipeline.contract import BatchOutput
     from lakecast.pipeline.progress import BatchPlan
+
+
+log = logging.getLogger(__name__)
 
 
 class BroadcastRuntime(BaseRuntime):
@@ -104,10 +108,8 @@ class BroadcastRuntime(BaseRuntime):
             raise ValueError(f"BroadcastRuntime cannot run the {engine.engine!r} engine")
         #: the state engine and why (:mod:`lakecast.runtime.engine`)
         self.engine = engine
-        #: the events' routing to the tasks of sharded states (event columns, shards)
-        self.routing = function.routing()
         sharded = [d.name for d in function.state_descriptors() if d.shards]
-        if sharded and self.routing is None:
+        if sharded and function.routing() is None:
             raise ValueError(f"{type(function).__name__} declares sharded states {sharded} "
                              "but no routing(): return the event columns equal to their key "
                              "and the shard count")
@@ -174,6 +176,24 @@ class BroadcastRuntime(BaseRuntime):
     def estimated_state_bytes(self) -> int:
         """Driver-side estimate of one state copy (Arrow size of base + increments)."""
         return self._base_bytes + sum(link.nbytes for link in self._chain[1:])
+
+    @property
+    def routing(self) -> tuple[list[str], int] | None:
+        """The events' routing to the tasks of sharded states (event columns, shards)."""
+        return self.function.routing()
+
+    def _choose_shards(self, elements: list[BroadcastElement]) -> None:
+        """Choose the shards of ``Lookup(shards="auto")`` from the base's sizes (once, when
+        the runtime first reads its tables; said in the log)."""
+        choose = getattr(self.function, "choose_shards", None)
+        if choose is None:
+            return
+        sizes: dict[str, int] = {}
+        for e in elements:
+            sizes[e.table] = sizes.get(e.table, 0) + e.nbytes
+        tasks = self.parallelism or default_parallelism(self.spark)
+        for line in choose(sizes, self.state_budget_bytes // max(1, tasks)):
+            log.info("%s", line)
 
     def _routing_key_types(self) -> list[pa.DataType | None] | None:
         """The key columns' types of the sharded state the events are routed to (as their
@@ -258,6 +278,7 @@ class BroadcastRuntime(BaseRuntime):
             self.version = {}
         if not self._chain:
             elements = self._base_elements(until)
+            self._choose_shards(elements)
             self.version = {e.table: e.version for e in elements}
             link = self.link(elements, self.version)
             self._chain = [link]

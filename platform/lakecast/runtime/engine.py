@@ -87,8 +87,9 @@ def choose_engine(spark: SparkSession, function: object, *, execution: str = "ta
         return JOINS
     if jvm_lookups is False:
         return EngineChoice("python", "jvm_lookups=False")
-    routing = getattr(function, "routing", lambda: None)()
-    if routing is not None:
+    lookups = getattr(function, "lookups", None) or []
+    if getattr(function, "routing", lambda: None)() is not None or any(
+            getattr(lk, "shards", None) for lk in lookups):
         if jvm_lookups:
             raise ValueError("jvm_lookups=True: sharded lookups keep their shards in the "
                              "Python workers")
