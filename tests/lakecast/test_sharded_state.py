@@ -326,16 +326,20 @@ def test_a_build_killed_midway_is_taken_over_and_two_builders_build_once(tmp_pat
 
     rows = pa.Table.from_pandas(_dimension(5000), preserve_index=False)
     folder = tmp_path / "ns" / "dim@v0-t0-n4"
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    lock = folder.with_name(folder.name + ".lock")
-    lock.mkdir(parents=True)
-    (lock / "pid").write_text(str(dead.pid))
-    half = folder.with_name(f"{folder.name}.tmp-{dead.pid}")
-    half.mkdir()
-    (half / "part-0").write_bytes(b"half a stream")
+    folder.parent.mkdir(parents=True)
+    # a builder that takes the lock, writes half its files and is killed -9
+    killed = subprocess.run([sys.executable, "-c", f"""
+import fcntl, os, pathlib, signal
+lock = open({str(folder) + '.lock'!r}, "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+half = pathlib.Path({str(folder)!r} + ".tmp-" + str(os.getpid()))
+half.mkdir()
+(half / "part-0").write_bytes(b"half a stream")
+os.kill(os.getpid(), signal.SIGKILL)
+"""])
+    assert killed.returncode == -9 and list(folder.parent.glob("*.tmp-*"))
     build(folder, BroadcastElement.of("dim", 0, rows), ["k"], None, 4)
-    assert (folder / "_DONE").exists() and not lock.exists()
+    assert (folder / "_DONE").exists() and not list(folder.parent.glob("*.tmp-*"))
     got = pa.concat_tables([Shard.open(folder / f"shard-{s}.arrow").table for s in range(4)])
     assert sorted(got.column("k").to_pylist()) == sorted(rows.column("k").to_pylist())
 
@@ -413,3 +417,43 @@ def test_auto_shards_are_chosen_from_the_tables_size_and_the_budget(caplog):
     assert fits.routing() is None
     with pytest.raises(ValueError, match="or 'auto'"):
         Lookup("dim", key="k", shards="many")
+
+
+def test_three_key_columns_an_empty_restore_and_a_shard_file_of_several_batches(
+        tmp_path, monkeypatch):
+    from lakecast.runtime.shard_files import HASH, Shard
+    from lakecast.snapshots.codec import load_into
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    rows = pa.table({"a": [1, 1, 2, 2], "b": ["x", "y", "x", "y"], "c": [0, 0, 0, 1],
+                     "v": [10, 11, 12, 13]})
+    state = ShardedTableState(MapStateDescriptor("t", key_columns=("a", "b", "c"), shards=2))
+    state.apply(BroadcastElement.of("t", 0, rows))
+    taken, found = state.lookup([pa.array([2, 1, 9]), pa.array(["y", "x", "x"]),
+                                 pa.array([1, 0, 0])], ["v"])
+    assert found.tolist() == [True, True, False] and taken.column("v").to_pylist() == [
+        13, 10, None]
+    # a checkpoint of an empty state restores, then the next version's changes apply
+    load_into(state, "table", rows.slice(0, 0))
+    state.apply(BroadcastElement.of("t", 1, rows.slice(0, 1), kind="changes"))
+    assert state.to_arrow().to_pylist() == rows.slice(0, 1).to_pylist()
+    # a shard file written in several record batches is read whole
+    t = pa.table({"k": [4, 5, 6, 7], HASH: pa.array([1, 2, 3, 4], pa.uint64())})
+    path = tmp_path / "several.arrow"
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t, max_chunksize=2)
+    shard = Shard.open(path)
+    assert shard.find([pa.array([5, 7, 8])], np.array([2, 4, 5], np.uint64), ["k"]
+                      ).tolist() == [1, 3, -1]
+
+
+def test_a_tasks_shards_travel_in_its_accounting_row():
+    from lakecast.runtime.metrics import RunMetrics, TaskMetrics, unpack_task_row
+
+    t = TaskMetrics(partition=3, pid=1, function_id="f", cache="warm", elements_applied=0,
+                    rows_applied=0, state_version={}, state_bytes=10, rows_in=5, shards=[3])
+    back = TaskMetrics.from_row(unpack_task_row(t.to_packed_row()))
+    assert back.shards == [3]
+    m = RunMetrics({}, [back, TaskMetrics(0, 1, "f", "warm", 0, 0, {}, 10, rows_in=7,
+                                          shards=[0])])
+    assert (m.summary()["shards_per_task"], m.summary()["rows_routed"]) == (1, 12)

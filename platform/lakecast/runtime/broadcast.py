@@ -216,11 +216,8 @@ class BroadcastRuntime(BaseRuntime):
         shards = {d.name: d.shards for d in self.function.state_descriptors() if d.shards}
         if not shards or not self._chain:
             return self.estimated_state_bytes
-        total = 0
-        for link in self._chain:
-            for e in link.elements():
-                total += e.nbytes // shards.get(e.table, 1)
-        return total
+        return sum(n // (shards.get(t) or 1) for link in self._chain
+                   for t, n in link.table_bytes.items())
 
     def _base_elements(self, until: Mapping[str, int] | None) -> list[BroadcastElement]:
         """Elements a cold task builds its state from: the full tables.
@@ -262,9 +259,12 @@ class BroadcastRuntime(BaseRuntime):
     def link(self, elements: list[BroadcastElement], version: dict[str, int]) -> ChainLink:
         """A chain link shipping ``elements`` (see :meth:`ship`), ending at ``version``."""
         self.remember_schemas(elements)
+        sizes: dict[str, int] = {}
+        for e in elements:
+            sizes[e.table] = sizes.get(e.table, 0) + e.nbytes
         return ChainLink(
             version_json(version), dict(version), self.ship(elements), len(elements),
-            sum(e.num_rows for e in elements), sum(e.nbytes for e in elements),
+            sum(e.num_rows for e in elements), sum(sizes.values()), sizes,
         )
 
     def refresh(self, until: Mapping[str, int] | None = None) -> list[BroadcastElement]:
@@ -298,7 +298,11 @@ class BroadcastRuntime(BaseRuntime):
         for e in elements:
             self.version[e.table] = e.version
         inc_rows = sum(link.n_rows for link in self._chain[1:]) + sum(e.num_rows for e in elements)
-        if len(self._chain) >= self.max_chain or inc_rows > 2 * max(self._chain[0].n_rows, 1):
+        # a sharded table's changes are held whole by every task: rebase before they
+        # outgrow a shard
+        shards = max([d.shards or 1 for d in self.function.state_descriptors()] or [1])
+        if len(self._chain) >= self.max_chain or inc_rows > 2 * max(
+                self._chain[0].n_rows, 1) // shards:
             self._rebase()
         else:
             self._chain.append(self.link(elements, self.version))

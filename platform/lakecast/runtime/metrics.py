@@ -83,7 +83,8 @@ class TaskMetrics:
 #: the fields of a broadcast task's accounting row (:meth:`TaskMetrics.to_row`)
 TASK_FIELDS = ("task", "pid", "function_id", "cache", "elements_applied", "rows_applied",
                "state_version", "state_bytes", "events_in", "rows_main", "rows_side",
-               "apply_seconds", "process_seconds", "attempt", "executor", "evictions")
+               "apply_seconds", "process_seconds", "attempt", "executor", "evictions",
+               "shards")
 TASK_JSON = "task_json"
 #: the accounting row a broadcast task emits after its outputs (see
 #: :mod:`lakecast.pipeline.contract`), as it travels: ONE JSON string. Every main row

@@ -35,6 +35,8 @@ from lakecast.runtime.shards import canonical, key_hash64, shard_of
 HASH = "__lakecast_h"
 #: how long a task waits for another process building the same base (seconds)
 BUILD_WAIT_S = 1800.0
+#: shard streams open at once while a base is split (more shards: more passes over it)
+OPEN_WRITERS = 256
 
 
 def shard_root() -> Path:
@@ -62,8 +64,12 @@ class Shard:
     def open(path: Path) -> Shard:
         source = pa.memory_map(str(path))
         table = pa.ipc.open_file(source).read_all()
-        hashes = (table.column(HASH).chunk(0).to_numpy(zero_copy_only=True)
-                  if table.num_rows else np.zeros(0, dtype=np.uint64))
+        column = table.column(HASH)  # one chunk (zero copy) unless a column outgrew one
+        hashes = (column.chunk(0).to_numpy(zero_copy_only=True) if column.num_chunks == 1
+                  else np.concatenate([np.zeros(0, np.uint64),
+                                       *(c.to_numpy() for c in column.chunks)]))
+        if len(hashes) != table.num_rows:
+            raise OSError(f"shard file {path}: {len(hashes)} hashes for {table.num_rows} rows")
         return Shard(table, hashes, source)
 
     @property
@@ -134,33 +140,37 @@ def computed_once(path: Path, compute: Callable[[], pa.Table]) -> pa.Table:
 
 @contextlib.contextmanager
 def _exclusive(target: Path, done: Callable[[], bool]) -> Iterator[bool]:
-    """Hold ``<target>.lock`` (a folder with the holder's pid): yields ``True`` when this
-    process must make ``target``, ``False`` when another made it meanwhile (``done``). A
-    lock whose process is gone is taken over; waiting longer than :data:`BUILD_WAIT_S`
-    raises."""
+    """Hold ``<target>.lock`` (an exclusive ``flock``, released by the system when its
+    process ends, killed or not): yields ``True`` when this process must make ``target``,
+    ``False`` when another made it meanwhile (``done``). What a killed maker left half
+    written (``<target>.tmp-<pid>``) is removed first. Waiting longer than
+    :data:`BUILD_WAIT_S` raises."""
+    import fcntl
+
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock = target.with_name(target.name + ".lock")
     deadline = time.monotonic() + BUILD_WAIT_S
-    while True:
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if done():
+                    yield False
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{target}: another process has been making it for "
+                                       f"{BUILD_WAIT_S:.0f} s") from None
+                time.sleep(0.05)
         try:
-            lock.mkdir()
-            break
-        except FileExistsError:
             if done():
                 yield False
                 return
-            if _stale(lock):
-                shutil.rmtree(lock, ignore_errors=True)
-                continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{target}: another process has held {lock} for "
-                                   f"{BUILD_WAIT_S:.0f} s; remove it") from None
-            time.sleep(0.05)
-    try:
-        (lock / "pid").write_text(str(os.getpid()))
-        yield not done()
-    finally:
-        shutil.rmtree(lock, ignore_errors=True)
+            for half in target.parent.glob(f"{target.name}.tmp-*"):
+                shutil.rmtree(half, ignore_errors=True) if half.is_dir() else half.unlink()
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _write(folder: Path, element: BroadcastElement, keys: list[str],
@@ -168,30 +178,10 @@ def _write(folder: Path, element: BroadcastElement, keys: list[str],
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     schema: pa.Schema | None = None
-    try:
-        for part in _parts(element, columns):
-            schema = part.schema
-            valid = pc.and_(*[pc.is_valid(part.column(k)) for k in keys]) if len(keys) > 1 \
-                else pc.is_valid(part.column(keys[0]))
-            part = part.filter(valid)
-            if not part.num_rows:
-                continue
-            shard = shard_of([part.column(k) for k in keys], shards)
-            order = np.argsort(shard, kind="stable")  # one take, then a slice per shard
-            part, counts = part.take(pa.array(order)), np.bincount(shard, minlength=shards)
-            start = 0
-            for s in np.flatnonzero(counts):
-                w = writers.get(int(s))
-                if w is None:
-                    w = writers[int(s)] = pa.ipc.new_stream(str(tmp / f"part-{s}"),
-                                                            part.schema)
-                w.write_table(part.slice(start, int(counts[s])))
-                start += int(counts[s])
-    finally:
-        for w in writers.values():
-            w.close()
+    for group in range(0, shards, OPEN_WRITERS):  # a pass over the base per group
+        schema = _split(element, columns, keys, shards, range(group, min(
+            shards, group + OPEN_WRITERS)), tmp) or schema
     if schema is None:
         schema = _element_schema(element, columns)
     counts = {}
@@ -216,6 +206,39 @@ def _write(folder: Path, element: BroadcastElement, keys: list[str],
     (tmp / "_DONE").write_text(json.dumps({"rows": counts}))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
+
+
+def _split(element: BroadcastElement, columns: Sequence[str] | None, keys: list[str],
+           shards: int, group: range, tmp: Path) -> pa.Schema | None:
+    """Append the base's rows of the shards of ``group`` to one stream each in ``tmp``
+    (``part-<shard>``), a file of the base at a time; the rows' schema (``None``: no
+    file)."""
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    schema = None
+    try:
+        for part in _parts(element, columns):
+            schema = part.schema
+            valid = pc.is_valid(part.column(keys[0]))
+            for k in keys[1:]:
+                valid = pc.and_(valid, pc.is_valid(part.column(k)))
+            part = part.filter(valid)
+            if not part.num_rows:
+                continue
+            shard = shard_of([part.column(k) for k in keys], shards)
+            order = np.argsort(shard, kind="stable")  # one take, then a slice per shard
+            part, counts = part.take(pa.array(order)), np.bincount(shard, minlength=shards)
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            for s in group:
+                if not counts[s]:
+                    continue
+                w = writers.get(s)
+                if w is None:
+                    w = writers[s] = pa.ipc.new_stream(str(tmp / f"part-{s}"), part.schema)
+                w.write_table(part.slice(int(starts[s]), int(counts[s])))
+    finally:
+        for w in writers.values():
+            w.close()
+    return schema
 
 
 def _parts(element: BroadcastElement, columns: Sequence[str] | None) -> Iterator[pa.Table]:
@@ -249,30 +272,11 @@ def _last_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.filter(pa.array(~dup)) if dup.any() else table
 
 
-def _stale(lock: Path) -> bool:
-    """Whether the process that took ``lock`` is gone (killed while building)."""
-    try:
-        pid = int((lock / "pid").read_text())
-    except (OSError, ValueError):  # not written yet: stale only when old
-        try:
-            return time.time() - lock.stat().st_mtime > 60
-        except OSError:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def _prune(folder: Path) -> None:
     """Remove the older bases of the same state (``<name>@...`` beside it)."""
     stem = folder.name.rsplit("@", 1)[0]
     for other in folder.parent.glob(f"{stem}@*"):
-        if other != folder and other.is_dir() and not other.name.endswith(".lock") \
-                and ".tmp-" not in other.name:
+        if other != folder and other.is_dir() and ".tmp-" not in other.name:
             shutil.rmtree(other, ignore_errors=True)
 
 

@@ -116,14 +116,19 @@ class ShardedTableState(TableMapState):
             digest.update(sink.getvalue().to_pybytes())
         return computed_once(self._folder / f"once-{digest.hexdigest()[:20]}.arrow", compute)
 
-    def _shard(self, s: int) -> Shard:
+    def _shard(self, s: int, *, touch: bool = True) -> Shard:
+        """Shard ``s`` of the base, built if this machine has not yet, mapped; ``touch``:
+        counted as read by the task (:attr:`touched`)."""
         shard = self._open.get(s)
         if shard is None:
             assert self._folder is not None and self._source is not None
             build(self._folder, self._source, self.key_columns, self._value_columns,
                   self.shards)
-            shard = self._open[s] = Shard.open(self._folder / f"shard-{s}.arrow")
-        self.touched.add(s)
+            shard = Shard.open(self._folder / f"shard-{s}.arrow")
+            if touch:
+                self._open[s] = shard
+        if touch:
+            self.touched.add(s)
         return shard
 
     def _base_lookup(self, keys: list[pa.Array], columns: Sequence[str]
@@ -208,10 +213,8 @@ class ShardedTableState(TableMapState):
         and tests, which hold the table once."""
         if self._schema is None:
             return pa.table({c: pa.array([], pa.null()) for c in self.key_columns})
-        parts = []
-        for s in range(self.shards):
-            t = self._shard(s).table.drop_columns([HASH])
-            parts.append(t)
+        parts = [self._shard(s, touch=False).table.drop_columns([HASH])
+                 for s in range(self.shards)]
         base = pa.concat_tables(parts) if parts else self._schema.empty_table()
         over = self._overlay.to_arrow() if self._overlay.schema is not None else None
         if over is None or not over.num_rows:
@@ -244,12 +247,15 @@ class ShardedTableState(TableMapState):
         if element.kind == "full":
             self._set_base(element, vc)
             return
-        if self._schema is None:
-            raise ValueError(f"state {self.descriptor.name!r}: changes of version "
-                             f"{element.version} before any full version")
         if not element.rows.num_rows:
             return
         ups, dels = split_changes(element)
+        if self._schema is None:  # changes over an empty state (e.g. restored empty)
+            empty = ups.slice(0, 0)
+            self._set_base(BroadcastElement(self.descriptor.name, element.version - 1, 0,
+                                            "full", empty), vc,
+                           name=f"{safe_name(self.descriptor.name)}@empty-n{self.shards}")
+            assert self._schema is not None
         cols = [c for c in self._schema.names]
         ups = ups.select(cols).cast(self._schema).append_column(
             DEAD, pa.array(np.zeros(ups.num_rows, dtype=bool)))

@@ -14,7 +14,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ class ChainLink:
     n_elements: int
     n_rows: int
     nbytes: int
+    #: ``nbytes`` per table (the budget's share of a sharded table, without the elements)
+    table_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def elements(self) -> list[BroadcastElement]:
         b = self.broadcast
