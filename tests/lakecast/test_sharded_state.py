@@ -238,7 +238,7 @@ def test_a_sharded_runtime_over_delta_versions_equals_pandas(spark, lake, caplog
     # shards="auto": chosen from the table's size and a task's share of the budget, logged
     auto = enrich(Lookup("dim", key="k", shards="auto", defaults={"score": -1}))
     runtime = BroadcastRuntime(spark, auto, {"dim": path}, state_budget_bytes=budget)
-    with caplog.at_level("INFO", logger="lakecast.runtime.broadcast"):
+    with caplog.at_level("INFO", logger="lakecast.runtime.routing"):
         result = runtime.process(events).persist()
         got = result.main.toPandas().sort_values("eid")
     assert list(zip(got.name, got.score, strict=True)) == [

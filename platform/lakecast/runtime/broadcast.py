@@ -28,7 +28,6 @@ recomputed or retried task computes the same result (write each output with
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -55,7 +54,7 @@ from lakecast.runtime.metrics import (
     warn_over_budget,
 )
 from lakecast.runtime.result import BroadcastResult
-from lakecast.runtime.shards import routing_columns
+from lakecast.runtime.routing import choose_shards, per_task_bytes, route
 from lakecast.runtime.tasks import WARM_SCHEMA, ChainLink, TaskPlan, run_task, warm_task
 from lakecast.spark import default_parallelism, is_connect
 
@@ -64,9 +63,6 @@ if TYPE_CHECKING:
 
     from lakecast.pipeline.contract import BatchOutput
     from lakecast.pipeline.progress import BatchPlan
-
-
-log = logging.getLogger(__name__)
 
 
 class BroadcastRuntime(BaseRuntime):
@@ -177,48 +173,6 @@ class BroadcastRuntime(BaseRuntime):
         """Driver-side estimate of one state copy (Arrow size of base + increments)."""
         return self._base_bytes + sum(link.nbytes for link in self._chain[1:])
 
-    @property
-    def routing(self) -> tuple[list[str], int] | None:
-        """The events' routing to the tasks of sharded states (event columns, shards)."""
-        return self.function.routing()
-
-    def _choose_shards(self, elements: list[BroadcastElement]) -> None:
-        """Choose the shards of ``Lookup(shards="auto")`` from the base's sizes (once, when
-        the runtime first reads its tables; said in the log)."""
-        choose = getattr(self.function, "choose_shards", None)
-        if choose is None:
-            return
-        sizes: dict[str, int] = {}
-        for e in elements:
-            sizes[e.table] = sizes.get(e.table, 0) + e.nbytes
-        tasks = self.parallelism or default_parallelism(self.spark)
-        for line in choose(sizes, self.state_budget_bytes // max(1, tasks)):
-            log.info("%s", line)
-
-    def _routing_key_types(self) -> list[pa.DataType | None] | None:
-        """The key columns' types of the sharded state the events are routed to (as their
-        tables' schemas say; ``None`` where not known yet)."""
-        if self.routing is None:
-            return None
-        sharded = [d for d in self.function.state_descriptors() if d.shards]
-        schema = self._schemas.get(sharded[0].name) if sharded else None
-        if schema is None:
-            return None
-        keys = sharded[0].key_columns
-        if len(keys) != len(self.routing[0]):
-            return None
-        return [schema.field(k).type if k in schema.names else None for k in keys]
-
-    @property
-    def per_task_state_bytes(self) -> int:
-        """:attr:`estimated_state_bytes` of what one task holds: a sharded table's share
-        is its size over its shards."""
-        shards = {d.name: d.shards for d in self.function.state_descriptors() if d.shards}
-        if not shards or not self._chain:
-            return self.estimated_state_bytes
-        return sum(n // (shards.get(t) or 1) for link in self._chain
-                   for t, n in link.table_bytes.items())
-
     def _base_elements(self, until: Mapping[str, int] | None) -> list[BroadcastElement]:
         """Elements a cold task builds its state from: the full tables.
 
@@ -278,7 +232,8 @@ class BroadcastRuntime(BaseRuntime):
             self.version = {}
         if not self._chain:
             elements = self._base_elements(until)
-            self._choose_shards(elements)
+            choose_shards(self.function, elements, self.state_budget_bytes // max(
+                1, self.parallelism or default_parallelism(self.spark)))
             self.version = {e.table: e.version for e in elements}
             link = self.link(elements, self.version)
             self._chain = [link]
@@ -363,10 +318,7 @@ class BroadcastRuntime(BaseRuntime):
         if self._tz is None:
             self._tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
         tz = self._tz
-        if self.routing is not None:  # each task gets the events of its keys' shards
-            cols, shards = self.routing
-            events = events.repartition(shards, *routing_columns(
-                cols, events.schema, self._routing_key_types()))
+        events = route(events, self.function, self._schemas)  # (sharded: to their shards)
         input_schema = to_arrow_schema(events.schema, timezone=tz)
         plan = self.plan(input_schema, watermark)
         layout = plan.layout
@@ -377,7 +329,7 @@ class BroadcastRuntime(BaseRuntime):
         if self._parallelism is None:  # estimate; tasks report the real one
             self._parallelism = default_parallelism(self.spark)
         parallelism = self._parallelism
-        per_task = self.per_task_state_bytes
+        per_task = per_task_bytes(self.function, self._chain, self.estimated_state_bytes)
         if per_task * parallelism > self.state_budget_bytes:
             warn_over_budget(
                 "estimated broadcast state",
@@ -452,7 +404,7 @@ class BroadcastRuntime(BaseRuntime):
     def process_batch(self, events: DataFrame, plan: BatchPlan) -> BroadcastResult:
         """The batch at the plan's state version (events repartitioned to
         :attr:`parallelism` when set)."""
-        if self.parallelism and self.routing is None:  # (routed: one task per shard)
+        if self.parallelism and self.function.routing() is None:  # (routed: per shard)
             events = events.repartition(self.parallelism)
         return self.process(events, until=plan.broadcast_versions)
 
