@@ -52,6 +52,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
+from benchmarks import spark_sides as sides
 from benchmarks.targets import BROADCAST_ENRICHMENT as BENCH
 from lakecast import BroadcastRuntime, Enrichment, Lookup, enrich
 from lakecast.config import get_settings
@@ -345,16 +346,10 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
     modulus = round(1 / change_frac)
 
     def append_events(i: int) -> int:
-        ids = spark.range(i * batch_events, (i + 1) * batch_events, numPartitions=4)
-        return delta_io.write(ids.select(
-            F.col("id").alias("event_id"), F.lit(i).alias("batch_id"),
-            (F.col("id") * 7919 % int(n_dim * 1.05)).alias("user_id"),
-            (F.col("id") % 97 * 1.5).alias("amount")), events_path, mode="append")
+        return sides.append_events(spark, events_path, i, batch_events, n_dim)
 
     def new_events(version: int) -> DataFrame:
-        """The rows appended by one events version (the CDF inserts, as the pipeline reads)."""
-        return delta_io.read_changes(spark, events_path, version, version).drop(
-            "_change_type", "_commit_version", "_commit_timestamp")
+        return sides.new_events(spark, events_path, version)
 
     def dimension() -> DataFrame:
         return delta_io.read(spark, dim).select("user_id", "segment", "ltv", "region")
@@ -383,25 +378,8 @@ def scenario_b(spark: SparkSession, root: Path, n_dim: int, n_batches: int, batc
         return dt, m
 
     def stream_static(i: int, version: int) -> tuple[float, dict[str, Any]]:
-        """Spark's stream-static join as users run it: a Delta streaming source joined to
-        the static Delta dimension (re-read each micro-batch), into a Delta sink, one
-        ``availableNow`` run per micro-batch. Timed by Spark's own ``triggerExecution``
-        of the micro-batch (query start and stop are not counted)."""
-        t0 = time.perf_counter()
-        query = (spark.readStream.format("delta").load(events_path)
-                 .join(dimension(), "user_id", "left")
-                 .withColumn("segment", F.coalesce("segment", F.lit("NEW")))
-                 .writeStream.format("delta").option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start(out["stream_static"]))
-        query.awaitTermination()
-        wall = time.perf_counter() - t0
-        data = [p for p in query.recentProgress if p["numInputRows"] > 0]
-        rows = sum(p["numInputRows"] for p in data)
-        if rows != batch_events:
-            raise RuntimeError(f"stream-static batch {i}: {rows} input rows, not {batch_events}")
-        trigger = sum(p["durationMs"]["triggerExecution"] for p in data) / 1000
-        return trigger, {"wall_s": round(wall, 3), "micro_batches": len(data),
-                         "durations_ms": data[-1]["durationMs"]}
+        return sides.stream_static(spark, events_path, dimension(), checkpoint,
+                                   out["stream_static"], i, batch_events)
 
     def batch_join(i: int, version: int, nosink: bool = False) -> tuple[float, dict[str, Any]]:
         """The same join as a plain batch job per micro-batch (no streaming engine: a

@@ -51,7 +51,7 @@ from griffe_roles import plain_roles  # noqa: E402
 HELP_WIDTH = "88"
 #: benchmark modules that are parts of others, not benchmarks
 NOT_BENCHMARKS = {"__init__", "charts", "common", "freshness_watch", "soak_parts", "registry",
-                  "targets", "official", "keyed_phases", "continuous_phases"}
+                  "targets", "official", "keyed_phases", "continuous_phases", "spark_sides"}
 _ITEM = r"(?:'s)?(?:,? items? [0-9]+(?:[-\u2013][0-9]+)?)?"
 _ISSUE = re.compile(rf"\s*\(issues? [0-9]+{_ITEM}\s*([^)]*)\)|,?\s*\bissues? [0-9]+{_ITEM}")
 

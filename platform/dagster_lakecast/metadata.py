@@ -126,6 +126,8 @@ def batch_metadata(
         "cold_tasks": result.cold_tasks,
         "cold_build_seconds": round(result.cold_build_seconds, 3),
         "state_evictions": result.state_evictions,
+        "shards_per_task": result.shards_per_task,
+        "rows_routed": result.rows_routed,
         "executors": len(result.executors),
         "state_bytes_per_task": result.state_bytes_per_task,
         "state_bytes_total": result.state_bytes_per_task * max(result.parallelism or 1, 1),

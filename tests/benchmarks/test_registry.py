@@ -96,7 +96,8 @@ def test_every_benchmark_declares_the_issue_targets():
     declared = {b.name: {m.name: (m.op, m.target) for m in b.measures} for b in targets.ALL}
     assert set(declared) == {"delta_log_poll", "broadcast_enrichment", "keyed_state",
                              "snapshots", "freshness", "sensor_freshness",
-                             "dg_dev_freshness", "pipeline", "cluster", "soak"}
+                             "dg_dev_freshness", "pipeline", "cluster", "soak",
+                             "sharded_state"}
     assert declared["broadcast_enrichment"] == {
         "a_tasks_over_f_broadcast": ("<=", 1.2), "a_transform_over_f_broadcast_sql": ("<=", 1.2),
         "b_cold_rebuild_1m_s": ("<=", 2.0), "b_delta_append_over_batch_join": ("<=", 0.33),
@@ -113,6 +114,9 @@ def test_every_benchmark_declares_the_issue_targets():
         "continuous_sustained_p99_s": ("<=", 2.0),
         "continuous_sustained_lag_growing": ("<=", 0.0)}  # "no growing lag" (False = 0)
     assert declared["delta_log_poll"]["poll_p50_ms"] == ("<=", 20.0)
+    assert declared["sharded_state"] == {"warm_batch_over_shuffle_join": ("<=", 1.5),
+                                         "warm_batch_over_stream_static": ("<=", 0.5),
+                                         "checkpoint_over_delta_write": ("<=", 1.5)}
 
 
 def test_declarations_read_the_benchmarks_result_shapes():

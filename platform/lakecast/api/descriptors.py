@@ -44,6 +44,9 @@ class MapStateDescriptor:
     key_columns: tuple[str, ...] = ()
     #: TTL of each map entry when used as KEYED map state (:mod:`lakecast.api.keyed`)
     ttl: Any = field(default=None, compare=False)
+    #: a table-shaped state split into this many shards by its key, each task keeping
+    #: only its shard (:mod:`lakecast.runtime.sharded_state`); ``None``: whole in each task
+    shards: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -52,6 +55,16 @@ class MapStateDescriptor:
             object.__setattr__(self, "key_columns", (self.key_columns,))
         else:
             object.__setattr__(self, "key_columns", tuple(self.key_columns))
+        if self.shards is not None:
+            if isinstance(self.shards, bool) or not isinstance(self.shards, int) \
+                    or self.shards < 1:
+                raise StateDeclarationError(
+                    f"state {self.name!r}: shards must be a whole number >= 1, got "
+                    f"{self.shards!r}")
+            if not self.key_columns:
+                raise StateDeclarationError(
+                    f"state {self.name!r}: shards={self.shards} needs key_columns (a "
+                    "table-shaped state is split by its key)")
 
     @property
     def table_shaped(self) -> bool:

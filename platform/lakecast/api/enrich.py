@@ -18,8 +18,8 @@ the event to the ``unmatched`` side output, or hold it back (``"hold"``) to be r
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,11 @@ class Lookup:
     the enrichment's policy). ``on_invalid``: what happens to a version of the table with
     duplicate or null keys, a missing used column, or rows failing ``checks``
     (``"refuse_and_continue"`` | ``"fail"``, see :mod:`lakecast.api.contracts`).
+    ``shards``: split the table into this many shards by its key, each task keeping only
+    its shard, and route each batch's events to the tasks of their keys' shards (for a
+    table larger than one task's memory: :mod:`lakecast.runtime.sharded_state`);
+    ``"auto"``: the runtime chooses when it first reads the table, from its size and the
+    state budget's share of one task (none when the table fits), and says so in its log.
     """
 
     table: str
@@ -59,10 +64,16 @@ class Lookup:
     on_missing: MissingPolicy | None = None
     on_invalid: InvalidVersionPolicy = "refuse_and_continue"
     checks: Sequence[RowCheck] = ()
+    shards: int | Literal["auto"] | None = None
 
     def __post_init__(self) -> None:
         if self.on_missing is not None and self.on_missing not in MISSING_POLICIES:
             raise ValueError(f"on_missing must be one of {MISSING_POLICIES}")
+        if self.shards not in (None, "auto") and (
+                isinstance(self.shards, bool) or not isinstance(self.shards, int)
+                or self.shards < 1):
+            raise ValueError(f"Lookup({self.table!r}): shards must be a whole number >= 1 "
+                             f"or 'auto', got {self.shards!r}")
 
     @property
     def key_pairs(self) -> list[tuple[str, str]]:
@@ -79,7 +90,8 @@ class Lookup:
 
     @property
     def descriptor(self) -> MapStateDescriptor:
-        return MapStateDescriptor(self.table, tuple, dict, key_columns=tuple(self.state_keys))
+        return MapStateDescriptor(self.table, tuple, dict, key_columns=tuple(self.state_keys),
+                                  shards=None if self.shards == "auto" else self.shards)
 
     @property
     def contract(self) -> TableContract:
@@ -126,11 +138,44 @@ class Enrichment(BroadcastProcessFunction):
             raise ValueError(f"one Lookup per broadcast table, got {tables}")
         if not lookups:
             raise ValueError("an Enrichment needs at least one Lookup")
+        sharded = [lk for lk in lookups if lk.shards]
+        if len({(tuple(e for e, _ in lk.key_pairs), lk.shards) for lk in sharded}) > 1 or (
+                "auto" in {lk.shards for lk in sharded} and len(sharded) > 1):
+            raise ValueError(
+                "sharded lookups of one Enrichment must share their event key columns and "
+                "shard count (the events are routed by one key): got "
+                + ", ".join(f"Lookup({lk.table!r}, key={[e for e, _ in lk.key_pairs]}, "
+                            f"shards={lk.shards})" for lk in sharded))
         self.lookups = list(lookups)
         self.on_missing = on_missing
         self._schemas: dict[str, pa.Schema] = {}
 
     # -- declarations ----------------------------------------------------------------
+    def routing(self) -> tuple[list[str], int] | None:
+        """The event columns and shard count the events are routed by (its sharded
+        lookups' keys), or ``None`` (no sharded lookup, or ``"auto"`` not chosen yet)."""
+        for lk in self.lookups:
+            if isinstance(lk.shards, int):
+                return [e for e, _ in lk.key_pairs], lk.shards
+        return None
+
+    def choose_shards(self, table_bytes: Mapping[str, int], task_budget: int) -> list[str]:
+        """Choose the shards of each ``Lookup(shards="auto")`` from its table's size (of
+        ``table_bytes``) and one task's share of the state budget: none when the table
+        fits it, else enough shards for a shard to fit; returns what was chosen, one line
+        per lookup (for the log)."""
+        said = []
+        for i, lk in enumerate(self.lookups):
+            if lk.shards != "auto" or lk.table not in table_bytes:
+                continue
+            size = table_bytes[lk.table]
+            n = None if size <= task_budget else min(1024, -(-size // max(1, task_budget)))
+            self.lookups[i] = replace(lk, shards=n)
+            said.append(f"Lookup({lk.table!r}, shards='auto'): {size / 1e6:.1f} MB against "
+                        f"{task_budget / 1e6:.1f} MB per task: "
+                        + ("not sharded" if n is None else f"{n} shards"))
+        return said
+
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         return [lk.descriptor for lk in self.lookups]
 

@@ -110,6 +110,12 @@ class BroadcastProcessFunction:
         """Declare the broadcast states this function uses."""
         return ()
 
+    def routing(self) -> tuple[list[str], int] | None:
+        """How each batch's events are routed to the tasks of a sharded state (a
+        descriptor with ``shards``): the event columns equal to the state's key columns, and
+        the shard count; ``None``: no sharded state (the events stay where they are)."""
+        return None
+
     def table_contracts(self) -> Sequence[TableContract]:
         """What each version of a broadcast table must satisfy before it reaches the state
         (key columns, used columns, row checks, policy; :mod:`lakecast.api.contracts`).

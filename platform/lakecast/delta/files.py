@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -116,11 +116,26 @@ class TableFiles:
         """The table's rows at :attr:`version` (reads the Parquet files): ``columns`` only
         (default: all), and only the files whose partition values equal ``where``'s."""
         import pyarrow as pa
+
+        parts = list(self.parts(columns, where))
+        if not parts:
+            return self._schema(columns).empty_table()
+        return pa.concat_tables(parts)
+
+    def _schema(self, columns: Sequence[str] | None) -> pa.Schema:
+        import pyarrow as pa
+
+        return self.schema if columns is None else pa.schema(
+            [self.schema.field(c) for c in columns])
+
+    def parts(self, columns: Sequence[str] | None = None,
+              where: Mapping[str, object] | None = None) -> Iterator[pa.Table]:
+        """:meth:`read`'s rows one file at a time (a reader that keeps a share of them
+        never holds the whole table)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        schema = self.schema if columns is None else pa.schema(
-            [self.schema.field(c) for c in columns])
-        parts = []
+        schema = self._schema(columns)
         for i, f in enumerate(self.files):
             values = self.partitions[i] if self.partitions else {}
             if where and any(values.get(c) != str(v) for c, v in where.items()):
@@ -139,10 +154,7 @@ class TableFiles:
                     t = t.drop_columns([c])
                 if c in schema.names:
                     t = t.append_column(c, pa.array([v] * t.num_rows, pa.string()))
-            parts.append(conform(t, schema))
-        if not parts:
-            return schema.empty_table()
-        return pa.concat_tables(parts)
+            yield conform(t, schema)
 
 
 def verify_checksum(file: str, data: bytes | None = None) -> None:

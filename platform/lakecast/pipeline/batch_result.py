@@ -31,6 +31,10 @@ class BatchResult:
     cold_build_seconds: float = 0.0
     #: state copies the holders' caches evicted during the batch (the JVM lookups' LRU)
     state_evictions: int = 0
+    #: the most shards one task read, and the events routed to their shards' tasks (0:
+    #: no sharded state, :mod:`lakecast.runtime.sharded_state`)
+    shards_per_task: int = 0
+    rows_routed: int = 0
     #: where the task-local state lived, and why (the runtime's ``state_engine``)
     state_engine: str = ""
     state_engine_reason: str = ""

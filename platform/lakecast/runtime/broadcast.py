@@ -54,6 +54,7 @@ from lakecast.runtime.metrics import (
     warn_over_budget,
 )
 from lakecast.runtime.result import BroadcastResult
+from lakecast.runtime.routing import choose_shards, per_task_bytes, route
 from lakecast.runtime.tasks import WARM_SCHEMA, ChainLink, TaskPlan, run_task, warm_task
 from lakecast.spark import default_parallelism, is_connect
 
@@ -103,6 +104,11 @@ class BroadcastRuntime(BaseRuntime):
             raise ValueError(f"BroadcastRuntime cannot run the {engine.engine!r} engine")
         #: the state engine and why (:mod:`lakecast.runtime.engine`)
         self.engine = engine
+        sharded = [d.name for d in function.state_descriptors() if d.shards]
+        if sharded and function.routing() is None:
+            raise ValueError(f"{type(function).__name__} declares sharded states {sharded} "
+                             "but no routing(): return the event columns equal to their key "
+                             "and the shard count")
         #: ``"tasks"``: task-local state (Python workers or executor JVM); ``"joins"``: a
         #: pure ``enrich(Lookup...)`` as Spark broadcast joins (:mod:`lakecast.runtime.joins`)
         self.execution: Execution = "joins" if engine.engine == "joins" else "tasks"
@@ -207,9 +213,12 @@ class BroadcastRuntime(BaseRuntime):
     def link(self, elements: list[BroadcastElement], version: dict[str, int]) -> ChainLink:
         """A chain link shipping ``elements`` (see :meth:`ship`), ending at ``version``."""
         self.remember_schemas(elements)
+        sizes: dict[str, int] = {}
+        for e in elements:
+            sizes[e.table] = sizes.get(e.table, 0) + e.nbytes
         return ChainLink(
             version_json(version), dict(version), self.ship(elements), len(elements),
-            sum(e.num_rows for e in elements), sum(e.nbytes for e in elements),
+            sum(e.num_rows for e in elements), sum(sizes.values()), sizes,
         )
 
     def refresh(self, until: Mapping[str, int] | None = None) -> list[BroadcastElement]:
@@ -223,6 +232,8 @@ class BroadcastRuntime(BaseRuntime):
             self.version = {}
         if not self._chain:
             elements = self._base_elements(until)
+            choose_shards(self.function, elements, self.state_budget_bytes // max(
+                1, self.parallelism or default_parallelism(self.spark)))
             self.version = {e.table: e.version for e in elements}
             link = self.link(elements, self.version)
             self._chain = [link]
@@ -242,7 +253,11 @@ class BroadcastRuntime(BaseRuntime):
         for e in elements:
             self.version[e.table] = e.version
         inc_rows = sum(link.n_rows for link in self._chain[1:]) + sum(e.num_rows for e in elements)
-        if len(self._chain) >= self.max_chain or inc_rows > 2 * max(self._chain[0].n_rows, 1):
+        # a sharded table's changes are held whole by every task: rebase before they
+        # outgrow a shard
+        shards = max([d.shards or 1 for d in self.function.state_descriptors()] or [1])
+        if len(self._chain) >= self.max_chain or inc_rows > 2 * max(
+                self._chain[0].n_rows, 1) // shards:
             self._rebase()
         else:
             self._chain.append(self.link(elements, self.version))
@@ -303,6 +318,7 @@ class BroadcastRuntime(BaseRuntime):
         if self._tz is None:
             self._tz = self.spark.conf.get("spark.sql.session.timeZone", "UTC")
         tz = self._tz
+        events = route(events, self.function, self._schemas)  # (sharded: to their shards)
         input_schema = to_arrow_schema(events.schema, timezone=tz)
         plan = self.plan(input_schema, watermark)
         layout = plan.layout
@@ -313,10 +329,11 @@ class BroadcastRuntime(BaseRuntime):
         if self._parallelism is None:  # estimate; tasks report the real one
             self._parallelism = default_parallelism(self.spark)
         parallelism = self._parallelism
-        if self.estimated_state_bytes * parallelism > self.state_budget_bytes:
+        per_task = per_task_bytes(self.function, self._chain, self.estimated_state_bytes)
+        if per_task * parallelism > self.state_budget_bytes:
             warn_over_budget(
                 "estimated broadcast state",
-                f"estimated broadcast state {self.estimated_state_bytes / 1e6:.1f} MB x "
+                f"estimated broadcast state {per_task / 1e6:.1f} MB per task x "
                 f"{parallelism} (default parallelism) exceeds the budget of "
                 f"{self.state_budget_bytes / 1e6:.1f} MB; {BUDGET_FIX}",
                 stacklevel=2,
@@ -387,7 +404,7 @@ class BroadcastRuntime(BaseRuntime):
     def process_batch(self, events: DataFrame, plan: BatchPlan) -> BroadcastResult:
         """The batch at the plan's state version (events repartitioned to
         :attr:`parallelism` when set)."""
-        if self.parallelism:
+        if self.parallelism and self.function.routing() is None:  # (routed: per shard)
             events = events.repartition(self.parallelism)
         return self.process(events, until=plan.broadcast_versions)
 

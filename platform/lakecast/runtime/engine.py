@@ -61,6 +61,8 @@ JVM = EngineChoice("jvm", "a pure enrich(Lookup...): its state in the executor J
 JVM_TRANSFORM = EngineChoice("jvm", "an enrich(Lookup...) whose only Python is its transform: "
                                     "lookups in the executor JVM, transform vectorized in "
                                     "the Python workers")
+SHARDED = EngineChoice("python", "sharded lookups: each task reads its shard, memory-mapped "
+                                "by the Python workers")
 #: the functions whose split (lookups in the JVM, transform in Python) was logged
 _TOLD: set[str] = set()
 #: a pure lookup kept in the Python workers because its runtime checkpoints them
@@ -85,6 +87,13 @@ def choose_engine(spark: SparkSession, function: object, *, execution: str = "ta
         return JOINS
     if jvm_lookups is False:
         return EngineChoice("python", "jvm_lookups=False")
+    lookups = getattr(function, "lookups", None) or []
+    if getattr(function, "routing", lambda: None)() is not None or any(
+            getattr(lk, "shards", None) for lk in lookups):
+        if jvm_lookups:
+            raise ValueError("jvm_lookups=True: sharded lookups keep their shards in the "
+                             "Python workers")
+        return SHARDED
     transformed = transforms(function)
     if why and not transformed:
         if jvm_lookups:

@@ -133,12 +133,13 @@ class Executor:
         *,
         timestamp_column: str | None = None,
         watermark: int | None = None,
+        namespace: str | None = None,
     ) -> None:
         self.function = function
         self.tables = list(tables) if tables is not None else None
         self.timestamp_column = timestamp_column
         self.watermark = watermark
-        self.store = StateStore(function.state_descriptors())
+        self.store = StateStore(function.state_descriptors(), namespace)
         self.tag_names = {t.name for t in function.side_output_tags()}
         self._ro_views: dict[str, ReadOnlyBroadcastState] = {}
         function.open()

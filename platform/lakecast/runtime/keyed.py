@@ -169,6 +169,13 @@ class KeyedBroadcastRuntime(BaseRuntime):
             raise TypeError(f"{type(function).__name__} is not a KeyedBroadcastProcessFunction")
         if engine.engine != "keyed":
             raise ValueError(f"KeyedBroadcastRuntime cannot run the {engine.engine!r} engine")
+        sharded = [d.name for d in function.state_descriptors() if d.shards]
+        if sharded:
+            raise ValueError(
+                f"{type(function).__name__} is keyed and declares sharded broadcast states "
+                f"{sharded}: a keyed function's events are routed by key group, not by shard, "
+                "so every task would read every shard. Declare them without shards, or look "
+                "the rows up with a sharded Lookup in an enrichment before this function")
         #: the state engine and why (:mod:`lakecast.runtime.engine`)
         self.engine = engine
         self.state_engine: str = engine.engine

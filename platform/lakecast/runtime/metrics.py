@@ -45,6 +45,8 @@ class TaskMetrics:
     executor: str = "driver"
     #: states the holder's cache evicted since its last run (the JVM lookups' LRU)
     evictions: int = 0
+    #: the shards of sharded states the task read (:mod:`lakecast.runtime.sharded_state`)
+    shards: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +83,8 @@ class TaskMetrics:
 #: the fields of a broadcast task's accounting row (:meth:`TaskMetrics.to_row`)
 TASK_FIELDS = ("task", "pid", "function_id", "cache", "elements_applied", "rows_applied",
                "state_version", "state_bytes", "events_in", "rows_main", "rows_side",
-               "apply_seconds", "process_seconds", "attempt", "executor", "evictions")
+               "apply_seconds", "process_seconds", "attempt", "executor", "evictions",
+               "shards")
 TASK_JSON = "task_json"
 #: the accounting row a broadcast task emits after its outputs (see
 #: :mod:`lakecast.pipeline.contract`), as it travels: ONE JSON string. Every main row
@@ -157,6 +160,16 @@ class RunMetrics:
         return self.rows_side("held")
 
     @property
+    def shards_per_task(self) -> int:
+        """The most shards of sharded states one task read (0: none is sharded)."""
+        return max((len(t.shards) for t in self.tasks), default=0)
+
+    @property
+    def rows_routed(self) -> int:
+        """Events shuffled to the tasks of their keys' shards (0: none is sharded)."""
+        return self.rows_in if any(t.shards for t in self.tasks) else 0
+
+    @property
     def process_seconds(self) -> float:
         return max((t.process_seconds + t.apply_seconds for t in self.tasks), default=0.0)
 
@@ -175,6 +188,8 @@ class RunMetrics:
                                              if t.cache == "cold"), default=0.0), 4),
             "executors": len(self.executors),
             "state_evictions": sum(t.evictions for t in self.tasks),
+            "shards_per_task": self.shards_per_task,
+            "rows_routed": self.rows_routed,
             "state_bytes_per_task": self.state_bytes_per_task,
             "state_bytes_total": self.state_bytes_total,
             "budget_bytes": self.budget_bytes,
@@ -189,7 +204,8 @@ class RunMetrics:
         }
 
 
-BUDGET_FIX = "shrink the state (fewer columns/rows) or lower the parallelism"
+BUDGET_FIX = ("shrink the state (fewer columns/rows), lower the parallelism, or shard the "
+              "table (Lookup(..., shards=N): each task keeps one shard)")
 """What to do about a state over budget (in the warning and wherever it is reported)."""
 
 #: the kinds of over-budget warning this process has already given

@@ -14,7 +14,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ class ChainLink:
     n_elements: int
     n_rows: int
     nbytes: int
+    #: ``nbytes`` per table (the budget's share of a sharded table, without the elements)
+    table_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def elements(self) -> list[BroadcastElement]:
         b = self.broadcast
@@ -77,7 +79,7 @@ def acquire(plan: TaskPlan) -> tuple[Executor, str, int, int]:
     if entry is not None and entry.key in keys:
         start, status = keys.index(entry.key) + 1, "warm"
     else:
-        executor = Executor(plan.function, plan.tables)
+        executor = Executor(plan.function, plan.tables, namespace=plan.function_id)
         entry, start, status = _Entry(executor), 0, "cold"
     before_e, before_r = entry.executor.store.elements_applied, entry.executor.store.rows_applied
     _CACHE.pop(plan.function_id, None)  # a failure below must not leave a half-applied state
@@ -124,6 +126,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         raise RuntimeError(f"task state is at {version}, the plan expects {expected}")
     rows_in = rows_main = 0
     sides: dict[str, int] = {}
+    ex.store.begin_task()
     t1 = time.perf_counter()
     for batch in batches:
         rows_in += batch.num_rows
@@ -150,6 +153,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         process_seconds=time.perf_counter() - t1,
         attempt=ctx.attemptNumber() if ctx else 0,
         executor=executor_id(),
+        shards=ex.store.shards_read(),
     )
     accounting = Collector()
     accounting.side[TASK_SIDE] = [pa.RecordBatch.from_pylist([metrics.to_packed_row()],
@@ -165,7 +169,8 @@ def warm_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
     batch); one row: whether it had to build the state from scratch."""
     for _ in batches:
         pass
-    _, status, _, _ = acquire(plan)
+    ex, status, _, _ = acquire(plan)
+    ex.store.prepare()
     yield pa.RecordBatch.from_pylist([{"cold": int(status == "cold")}],
                                      schema=pa.schema([("cold", pa.int32())]))
 

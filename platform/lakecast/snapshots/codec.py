@@ -145,6 +145,10 @@ def content_digest(kind: str, schema_text: str, keys: Iterable[str],
 def serialize_state(name: str, state: BroadcastState) -> SerializedState:
     """The canonical serialization of one broadcast state (see the module doc)."""
     if isinstance(state, TableMapState):
+        once = getattr(state, "computed_once", None)  # a sharded state: once per machine
+        if once is not None:
+            return _from_arrow(name, once(f"{FORMAT}:{name}", lambda: _to_arrow(
+                _serialize_table(name, state))))
         return _serialize_table(name, state)
     pairs = []
     for k, v in state.items():
@@ -161,6 +165,22 @@ def serialize_state(name: str, state: BroadcastState) -> SerializedState:
     values = [v for _, v in pairs]
     return SerializedState(name, "dict", keys, values, content_digest("dict", "", keys, values),
                            n_entries=len(keys))
+
+
+def _to_arrow(s: SerializedState) -> pa.Table:
+    """A serialized table state as an Arrow table (its rows, the rest in the metadata)."""
+    meta = {"digest": s.digest, "schema_b64": s.schema_b64 or "", "n_entries": str(s.n_entries),
+            "key_columns": json.dumps(list(s.key_columns))}
+    return pa.table({"key": pa.array(s.keys, pa.string()),
+                     "value": pa.array(s.values, pa.large_binary())}).replace_schema_metadata(meta)
+
+
+def _from_arrow(name: str, t: pa.Table) -> SerializedState:
+    meta = {k.decode(): v.decode() for k, v in (t.schema.metadata or {}).items()}
+    return SerializedState(name, "table", t.column("key").to_pylist(),
+                           t.column("value").to_pylist(), meta["digest"],
+                           meta["schema_b64"] or None, tuple(json.loads(meta["key_columns"])),
+                           n_entries=int(meta["n_entries"]))
 
 
 def _serialize_table(name: str, state: TableMapState) -> SerializedState:

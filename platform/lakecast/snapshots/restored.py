@@ -64,6 +64,13 @@ class SnapshotAware(BroadcastProcessFunction):
     def state_descriptors(self) -> Sequence[MapStateDescriptor]:
         return self.inner.state_descriptors()
 
+    def routing(self) -> tuple[list[str], int] | None:
+        return self.inner.routing()
+
+    def choose_shards(self, table_bytes: Mapping[str, int], task_budget: int) -> list[str]:
+        choose = getattr(self.inner, "choose_shards", None)
+        return [] if choose is None else choose(table_bytes, task_budget)
+
     def output_tags(self) -> Sequence[Any]:
         return self.inner.output_tags()
 
