@@ -6,8 +6,8 @@
 A dimension of ``--dim-rows`` users (key, segment, lifetime value, region and a
 40-character description: a catalogue-like row) written to Delta with Spark; then
 ``--batches`` micro-batches of ``--batch-events`` events, each a new version of a Delta
-events table, and between two batches a MERGE changing 1,000 of the dimension's rows
-(untimed, the same for every side). Each side reads the batch's new events version and
+events table, and between two batches a MERGE changing 0.01% of the dimension's rows (at
+most 1,000; untimed, the same for every side). Each side reads the batch's new events version and
 appends its enriched rows to a Delta table of its own; the order of the sides rotates
 every batch:
 
@@ -57,7 +57,13 @@ from lakecast.spark import get_spark
 RESULTS = Path(__file__).resolve().parent / "results"
 SEGMENTS = ["VIP", "REGULAR", "NEW", "CHURNING"]
 SIDES = ("lakecast", "shuffle_join", "stream_static")
+#: the dimension's rows changed between two batches: 0.01% of them, at most 1,000
 CHANGED_ROWS = 1000
+
+
+def changed_rows(n_dim: int) -> int:
+    """Rows of an ``n_dim``-row dimension a batch changes (1,000 at 10M rows)."""
+    return max(1, min(CHANGED_ROWS, n_dim // 10_000))
 
 
 def _segment(col: str) -> Any:
@@ -124,8 +130,9 @@ def run(spark: SparkSession, root: Path, n_dim: int, shards: int, n_batches: int
     per_batch = []
     for i in range(n_batches):
         if i > 0:  # 1,000 rows of the dimension change (untimed, the same for every side)
-            step = max(1, n_dim // CHANGED_ROWS)
-            changed = _dimension_rows(spark, spark.range(i, n_dim, step).limit(CHANGED_ROWS), i)
+            n = changed_rows(n_dim)
+            changed = _dimension_rows(spark, spark.range(i, n_dim, max(1, n_dim // n)).limit(n),
+                                      i)
             delta_io.merge_upsert(spark, changed, dim, keys=["user_id"])
         version = append_events(i)
         order = SIDES[i % len(SIDES):] + SIDES[:i % len(SIDES)]
@@ -151,7 +158,7 @@ def run(spark: SparkSession, root: Path, n_dim: int, shards: int, n_batches: int
     cp = _checkpoint(spark, root, fn, dim, columns)
     return {
         "dim_rows": n_dim, "shards": shards, "batches": n_batches,
-        "batch_events": batch_events, "changed_rows_per_batch": CHANGED_ROWS,
+        "batch_events": batch_events, "changed_rows_per_batch": changed_rows(n_dim),
         "dim_write_s": round(dim_write_s, 3),
         "median_warm_batch_s": {s: round(v, 3) for s, v in warm.items()},
         "first_batch_s": {s: round(t[0], 3) for s, t in times.items()},

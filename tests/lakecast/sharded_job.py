@@ -64,9 +64,11 @@ def main(argv: list[str] | None = None) -> None:
 
     root, shards = (argv or sys.argv[1:])[:2]
     spark = get_spark(app_name="sharded-job")
-    for r in pipeline(spark, root, int(shards)).run():
+    def say(r: Any) -> None:  # each batch as it commits (a later one may be killed)
         print(f"batch {r.plan.batch_id}: shards_per_task {r.shards_per_task} rows_routed "
               f"{r.rows_routed} parallelism {r.parallelism}", flush=True)
+
+    pipeline(spark, root, int(shards)).run(on_batch=say)
 
 
 if __name__ == "__main__":
